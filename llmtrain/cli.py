@@ -1,0 +1,126 @@
+"""The `llmtrain` command: launch, config, data prepare."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+
+from llmtrain import __version__
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+OVERRIDE_HELP = """\
+overrides use Hydra's grammar:
+  key=value          set a key            train.max_steps=100 parallel.tp=2
+  group=option       pick a config file   model=gpt-1.3b precision=bf16 data=memmap cluster=local
+  +key=value         add a key            +env.NCCL_DEBUG=INFO
+  ~key               delete a key         ~env.NCCL_DEBUG
+config groups (configs/<group>/<option>.yaml): model, precision, data, cluster, network, train, parallel;
+add your own with --config-dir DIR (its options shadow the built-in ones).
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, exit 2, like every other bad input
+        self.exit(EXIT_USAGE, f"llmtrain: error: {message} (see llmtrain --help)\n")
+
+
+def _add_compose_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("overrides", nargs="*", metavar="OVERRIDE", help="Hydra overrides, e.g. parallel.tp=2")
+    p.add_argument("--config-dir", action="append", default=[], metavar="DIR",
+                   help="extra config folder searched before the built-in configs/ (repeatable)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    fmt = argparse.RawDescriptionHelpFormatter
+    parser = _Parser(prog="llmtrain", formatter_class=fmt,
+                     description="Config-driven launcher and hybrid-parallel GPT trainer.\n\n"
+                                 "  llmtrain launch                          # gpt-tiny on this CPU, no download\n"
+                                 "  llmtrain launch model=gpt-125m parallel.tp=2 precision=bf16 device=cuda\n"
+                                 "  llmtrain config model=gpt-1.3b           # print the resolved config\n"
+                                 "  llmtrain data prepare --input docs/ --output data/train.bin",
+                     epilog=OVERRIDE_HELP)
+    parser.add_argument("--version", action="version", version=f"llmtrain {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    launch = sub.add_parser("launch", formatter_class=fmt, epilog=OVERRIDE_HELP,
+                            help="compose + validate the config and start torchrun on every node",
+                            description="Compose the configs with the overrides, validate them, write the "
+                                        "resolved config into run.dir, start torchrun (cluster=local: on this "
+                                        "node) and follow the job until it ends; exits with its status.")
+    _add_compose_args(launch)
+    launch.add_argument("--dry-run", action="store_true",
+                        help="print the resolved config, rank layout, commands and environment; start nothing")
+
+    config = sub.add_parser("config", formatter_class=fmt, epilog=OVERRIDE_HELP,
+                            help="print the resolved config as YAML",
+                            description="Compose and validate the config and print it as YAML.")
+    _add_compose_args(config)
+
+    data = sub.add_parser("data", help="data tools (prepare)", description="Data tools.")
+    data_sub = data.add_subparsers(dest="data_command", metavar="DATA_COMMAND", parser_class=_Parser)
+    prepare = data_sub.add_parser("prepare", help="tokenize text files into a token file (nanoGPT .bin)",
+                                  description="Tokenize text into a flat token file: byte-level (no download) "
+                                              "or with a Hugging Face tokenizer.json. Writes FILE and FILE.json.")
+    from llmtrain.data.prepare_cli import add_prepare_arguments
+
+    add_prepare_arguments(prepare)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from llmtrain.config.errors import ConfigError
+    from llmtrain.data import DataError
+
+    try:
+        if args.command == "launch":
+            return cmd_launch(args)
+        if args.command == "config":
+            return cmd_config(args)
+        if args.command == "data" and args.data_command == "prepare":
+            from llmtrain.data.prepare_cli import run_prepare
+
+            return run_prepare(args)
+        parser.print_help()
+        return EXIT_USAGE
+    except (ConfigError, DataError) as e:
+        print(f"llmtrain: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _compose(args):
+    from llmtrain.config import compose_config, validate
+
+    cfg = compose_config(args.overrides, args.config_dir)
+    validate(cfg)
+    return cfg
+
+
+def cmd_config(args) -> int:
+    from llmtrain.config import to_yaml
+
+    sys.stdout.write(to_yaml(_compose(args)))
+    return EXIT_OK
+
+
+def cmd_launch(args) -> int:
+    from llmtrain.launch.run import dry_run, launch
+
+    cfg = _compose(args)
+    if args.dry_run:
+        return dry_run(cfg)
+    return launch(cfg)
+
+
+def entry() -> None:
+    # Make SIGTERM behave like Ctrl-C so the launcher's cleanup runs either way.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

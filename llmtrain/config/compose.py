@@ -1,0 +1,150 @@
+"""Compose the layered Hydra configs with command-line overrides into one typed, resolved, validated config."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from llmtrain.config.errors import ConfigError
+from llmtrain.config.schema import LLMTrainConfig
+
+PRIMARY_CONFIG = "config"
+
+
+def builtin_config_dir() -> Path:
+    """configs/ of a source checkout (editable install), else the copy shipped inside the package."""
+    repo_configs = Path(__file__).resolve().parents[2] / "configs"
+    if (repo_configs / f"{PRIMARY_CONFIG}.yaml").is_file():
+        return repo_configs
+    import llmtrain.configs  # packaged copy (pyproject maps configs/ to llmtrain.configs)
+
+    return Path(llmtrain.configs.__file__).parent
+
+
+def compose_config(overrides: Sequence[str] = (), config_dirs: Iterable[str] = ()) -> DictConfig:
+    """Return the resolved config for `overrides` (Hydra grammar). Raises ConfigError on any bad input."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    search = []
+    for d in config_dirs:
+        path = Path(d).expanduser().resolve()
+        if not path.is_dir():
+            raise ConfigError("--config-dir", f"no such directory: {d}")
+        search.append(f"file://{path}")
+    hydra_overrides = list(overrides)
+    if search:
+        # User folders come first so their options shadow the built-in ones of the same name.
+        hydra_overrides.append("hydra.searchpath=[" + ",".join(search) + "]")
+
+    GlobalHydra.instance().clear()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with initialize_config_dir(config_dir=str(builtin_config_dir()), version_base="1.3"):
+                raw = compose(PRIMARY_CONFIG, overrides=hydra_overrides)
+    except Exception as e:  # Hydra raises several types; all become one line naming the override
+        raise _hydra_error(e, overrides) from None
+    finally:
+        GlobalHydra.instance().clear()
+    return to_typed(raw)
+
+
+def to_typed(raw: DictConfig) -> DictConfig:
+    """Merge onto the schema (unknown keys, wrong types) and resolve interpolations."""
+    try:
+        typed = OmegaConf.merge(OmegaConf.structured(LLMTrainConfig), raw)
+        OmegaConf.resolve(typed)
+    except OmegaConfBaseException as e:
+        raise _omegaconf_error(e) from None
+    _fill_defaults(typed)
+    OmegaConf.set_readonly(typed, False)
+    return typed
+
+
+def _fill_defaults(cfg: DictConfig) -> None:
+    world = cfg.cluster.nnodes * cfg.cluster.nproc_per_node
+    p = cfg.parallel
+    if p.dp is None and p.tp > 0 and p.pp > 0 and world % (p.tp * p.pp) == 0:
+        p.dp = world // (p.tp * p.pp)
+
+
+def load_run_config(path: str | os.PathLike) -> DictConfig:
+    """The frozen config.yaml of a run directory, typed again (workers and resume read it)."""
+    try:
+        raw = OmegaConf.load(path)
+    except FileNotFoundError:
+        raise ConfigError("run.dir", f"no config.yaml at {path}") from None
+    except Exception as e:
+        raise ConfigError(str(path), f"unreadable config: {_first_line(str(e))}") from None
+    return to_typed(raw)
+
+
+def to_yaml(cfg: DictConfig) -> str:
+    return OmegaConf.to_yaml(cfg)
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else text
+
+
+def _omegaconf_error(e: OmegaConfBaseException) -> ConfigError:
+    key = getattr(e, "full_key", None) or "config"
+    msg = _first_line(getattr(e, "msg", None) or str(e))
+    if "not in struct" in msg or "Key '" in msg and "not in" in msg:
+        msg = "unknown key (not in the schema; check its spelling)"
+    elif "could not be converted" in msg or "Invalid value" in msg or "Incompatible value" in msg:
+        msg = f"wrong type: {msg}"
+    return ConfigError(key, msg)
+
+
+def _hydra_error(e: Exception, overrides: Sequence[str]) -> ConfigError:
+    from hydra.errors import MissingConfigException, OverrideParseException
+
+    text = str(e)
+    if isinstance(e, MissingConfigException):
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+        missing = next((ln for ln in lines if "Could not find" in ln), lines[0] if lines else text)
+        group = None
+        if "'" in missing:
+            target = missing.split("Could not find", 1)[-1].strip().strip("'")
+            group, _, option = target.rpartition("/")
+        if group:
+            options = _available_options(lines)
+            avail = f" (available: {', '.join(options)})" if options else ""
+            return ConfigError(group, f"no config option '{option}' in group '{group}'{avail}")
+        return ConfigError("config", _first_line(text))
+    if isinstance(e, OverrideParseException):
+        return ConfigError("override", _first_line(text))
+    cause = e.__cause__ or e.__context__
+    if isinstance(cause, OmegaConfBaseException):
+        return _omegaconf_error(cause)
+    first = _first_line(text)
+    if first.startswith("Could not override '"):
+        key = first.split("'")[1]
+        return ConfigError(key, f"unknown key (not in the config; use +{key}=... only for keys that may be added)")
+    if first.startswith("Could not append to config. An item is already at '"):
+        key = first.split("'")[1]
+        return ConfigError(key, "already set; override it without '+'")
+    if first.startswith("Could not delete from config. "):
+        key = first.split("'")[1] if "'" in first else "override"
+        return ConfigError(key, "cannot delete: no such key")
+    return ConfigError("override", first)
+
+
+def _available_options(lines: list[str]) -> list[str]:
+    options, collecting = [], False
+    for ln in lines:
+        if ln.startswith("Available options"):
+            collecting = True
+            continue
+        if collecting:
+            if ln.startswith("Config search path") or ln.startswith("provider="):
+                break
+            options.append(ln)
+    return options

@@ -1,0 +1,149 @@
+"""Typed schema of the resolved config.
+
+Composed YAML is merged onto these dataclasses (OmegaConf structured configs), so an unknown key or a value of the
+wrong type fails with the key's full name before anything starts. Cross-field rules live in validate.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+
+@dataclass
+class ModelConfig:
+    name: str = "gpt-tiny"
+    n_layers: int = 4
+    n_heads: int = 4
+    d_model: int = 128
+    vocab_size: int = 256
+    seq_len: int = 128
+    dropout: float = 0.0
+    init_std: float = 0.02
+    # A Hugging Face GPT-2 folder or safetensors export to start from (issue 4); null = random init.
+    init_from: Optional[str] = None
+
+
+@dataclass
+class ParallelConfig:
+    # null = world size / (tp * pp)
+    dp: Optional[int] = None
+    tp: int = 1
+    pp: int = 1
+    sequence_parallel: bool = False
+    pp_schedule: str = "1f1b"
+    virtual_stages: int = 1
+    # Layers per pipeline stage (length pp * virtual_stages); null = as even as possible.
+    pp_layers: Optional[List[int]] = None
+    # 0 = replicate (DDP-like), 2 = shard grads + optimizer state, 3 = also shard parameters.
+    zero: int = 0
+    # Size of the sharding group inside dp (hybrid sharding); null = all of dp.
+    dp_shard: Optional[int] = None
+
+
+@dataclass
+class TrainConfig:
+    max_steps: int = 300
+    micro_batch_size: int = 8
+    global_batch_size: int = 16
+    lr: float = 1.0e-3
+    min_lr: float = 1.0e-4
+    warmup_steps: int = 20
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1.0e-8
+    grad_clip: float = 1.0
+    seed: int = 1234
+    log_interval: int = 10
+    eval_interval: int = 100
+    eval_steps: int = 4
+    max_bad_steps: int = 5
+
+
+@dataclass
+class DataConfig:
+    # synthetic | memmap | stdlib
+    name: str = "stdlib"
+    path: Optional[str] = None
+    # Token dtype of a memmap file; null = read from the FILE.json written by `llmtrain data prepare`, else uint16.
+    dtype: Optional[str] = None
+    val_fraction: float = 0.05
+    # stdlib corpus size cap in bytes (one token per byte).
+    max_bytes: int = 16_000_000
+
+
+@dataclass
+class PrecisionConfig:
+    # fp32 | bf16 | fp16
+    name: str = "fp32"
+    # dtype matmuls run in (autocast / FSDP2 param_dtype); master weights and optimizer state stay fp32.
+    compute_dtype: str = "float32"
+    # dtype of gradient reduction across data-parallel ranks.
+    reduce_dtype: str = "float32"
+    # Dynamic loss scaling, used by fp16 only.
+    init_scale: float = 65536.0
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 2000
+
+
+@dataclass
+class ClusterConfig:
+    # local (this node); ssh and slurm come with multi-node launch.
+    name: str = "local"
+    nnodes: int = 1
+    nproc_per_node: int = 2
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    # 0 = pick a free port at launch time.
+    master_port: int = 0
+
+
+@dataclass
+class NetworkConfig:
+    name: str = "none"
+    # Environment variables exported to every worker (NCCL_*, GLOO_SOCKET_IFNAME, ...).
+    env: Dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class RunConfig:
+    name: str = "run"
+    dir: str = "runs/run"
+
+
+@dataclass
+class CheckpointConfig:
+    # Steps between checkpoints; 0 = only at the end.
+    interval: int = 0
+    # auto | none | PATH
+    resume: str = "auto"
+    keep: int = 2
+
+
+@dataclass
+class LaunchConfig:
+    max_restarts: int = 0
+    # Seconds a gloo/NCCL collective may wait before the job fails instead of hanging.
+    pg_timeout_s: int = 600
+    # Threads per worker process; null = cores / processes on this node.
+    omp_num_threads: Optional[int] = None
+
+
+@dataclass
+class LLMTrainConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    launch: LaunchConfig = field(default_factory=LaunchConfig)
+    # Extra environment variables for every worker (added on top of network.env).
+    env: Dict[str, str] = field(default_factory=dict)
+    # auto | cpu | cuda
+    device: str = "auto"

@@ -1,0 +1,183 @@
+"""Cross-field rules checked before anything starts. Each failure names the key and the rule in one line."""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig
+
+from llmtrain.config.errors import ConfigError
+
+DEVICES = ("auto", "cpu", "cuda")
+PRECISIONS = ("fp32", "bf16", "fp16")
+DTYPES = ("float32", "bfloat16", "float16")
+DATA_SOURCES = ("synthetic", "memmap", "stdlib")
+TOKEN_DTYPES = ("uint16", "uint32")
+ZERO_LEVELS = (0, 2, 3)
+# Schedules that run one stage per rank, and those that need virtual_stages >= 2 (several stages per rank).
+SINGLE_STAGE_SCHEDULES = ("gpipe", "1f1b")
+MULTI_STAGE_SCHEDULES = ("interleaved_1f1b", "looped_bfs", "zero_bubble", "zbv", "dualpipe_v")
+V_SHAPED_SCHEDULES = ("zbv", "dualpipe_v")  # exactly two stages per rank
+
+
+def _require(ok: bool, key: str, message: str) -> None:
+    if not ok:
+        raise ConfigError(key, message)
+
+
+def _positive(cfg: DictConfig, *keys: str) -> None:
+    for key in keys:
+        value = cfg
+        for part in key.split("."):
+            value = value[part]
+        _require(value is not None and value > 0, key, f"must be > 0 (got {value})")
+
+
+def _non_negative(cfg: DictConfig, *keys: str) -> None:
+    for key in keys:
+        section, name = key.split(".")
+        value = cfg[section][name]
+        _require(value >= 0, key, f"must be >= 0 (got {value})")
+
+
+def validate(cfg: DictConfig) -> None:
+    """Raise ConfigError for the first rule the config breaks."""
+    _validate_model(cfg)
+    _validate_parallel(cfg)
+    _validate_train(cfg)
+    _validate_data(cfg)
+    _validate_precision(cfg)
+    _validate_cluster(cfg)
+
+
+def _validate_model(cfg: DictConfig) -> None:
+    m = cfg.model
+    _positive(cfg, "model.n_layers", "model.n_heads", "model.d_model", "model.vocab_size", "model.seq_len")
+    _require(m.d_model % m.n_heads == 0, "model.d_model",
+             f"d_model={m.d_model} must be divisible by model.n_heads={m.n_heads}")
+    _require(0.0 <= m.dropout < 1.0, "model.dropout", f"must be in [0, 1) (got {m.dropout})")
+    _require(m.init_std > 0, "model.init_std", f"must be > 0 (got {m.init_std})")
+
+
+def _validate_parallel(cfg: DictConfig) -> None:
+    p, m = cfg.parallel, cfg.model
+    _positive(cfg, "parallel.tp", "parallel.pp", "parallel.virtual_stages")
+    world = cfg.cluster.nnodes * cfg.cluster.nproc_per_node
+    if p.dp is None:
+        _require(world % (p.tp * p.pp) == 0, "parallel.tp",
+                 f"world size {world} (cluster.nnodes x cluster.nproc_per_node) is not divisible by "
+                 f"parallel.tp x parallel.pp = {p.tp * p.pp}")
+    _positive(cfg, "parallel.dp")
+    _require(p.dp * p.tp * p.pp == world, "parallel.dp",
+             f"dp x tp x pp = {p.dp} x {p.tp} x {p.pp} = {p.dp * p.tp * p.pp} must equal the world size "
+             f"cluster.nnodes x cluster.nproc_per_node = {cfg.cluster.nnodes} x {cfg.cluster.nproc_per_node} = {world}")
+
+    _require(m.n_heads % p.tp == 0, "parallel.tp", f"tp={p.tp} must divide model.n_heads={m.n_heads}")
+    _require(m.d_model % p.tp == 0, "parallel.tp", f"tp={p.tp} must divide model.d_model={m.d_model}")
+    _require(m.vocab_size % p.tp == 0, "model.vocab_size",
+             f"vocab_size={m.vocab_size} must be divisible by parallel.tp={p.tp} "
+             f"(pad it: model.vocab_size={-(-m.vocab_size // p.tp) * p.tp})")
+    if p.sequence_parallel:
+        _require(m.seq_len % p.tp == 0, "parallel.sequence_parallel",
+                 f"sequence parallel needs model.seq_len={m.seq_len} divisible by parallel.tp={p.tp}")
+
+    _require(p.zero in ZERO_LEVELS, "parallel.zero", f"must be one of {ZERO_LEVELS} (got {p.zero})")
+    if p.dp_shard is not None:
+        _require(p.dp_shard > 0 and p.dp % p.dp_shard == 0, "parallel.dp_shard",
+                 f"dp_shard={p.dp_shard} must divide parallel.dp={p.dp}")
+        _require(p.zero in (2, 3) or p.dp_shard == 1, "parallel.dp_shard",
+                 "hybrid sharding needs parallel.zero=2 or 3 (zero=0 replicates everything)")
+
+    schedules = SINGLE_STAGE_SCHEDULES + MULTI_STAGE_SCHEDULES
+    _require(p.pp_schedule in schedules, "parallel.pp_schedule",
+             f"unknown schedule '{p.pp_schedule}' (choose from {', '.join(schedules)})")
+    v = p.virtual_stages
+    if p.pp_schedule in SINGLE_STAGE_SCHEDULES:
+        _require(v == 1, "parallel.virtual_stages",
+                 f"schedule {p.pp_schedule} runs one stage per rank; use interleaved_1f1b for virtual_stages={v}")
+    elif p.pp > 1:
+        need = 2 if p.pp_schedule in V_SHAPED_SCHEDULES else None
+        if need:
+            _require(v == need, "parallel.virtual_stages",
+                     f"schedule {p.pp_schedule} needs exactly virtual_stages=2 (got {v})")
+        else:
+            _require(v >= 2, "parallel.virtual_stages",
+                     f"schedule {p.pp_schedule} needs virtual_stages >= 2 (got {v})")
+    stages = p.pp * v
+    if p.pp_layers is not None:
+        layers = list(p.pp_layers)
+        _require(len(layers) == stages, "parallel.pp_layers",
+                 f"needs one entry per stage: pp x virtual_stages = {stages} (got {len(layers)})")
+        _require(all(n >= 1 for n in layers), "parallel.pp_layers", f"every stage needs >= 1 layer (got {layers})")
+        _require(sum(layers) == m.n_layers, "parallel.pp_layers",
+                 f"layers per stage sum to {sum(layers)}, model.n_layers is {m.n_layers}")
+    else:
+        _require(stages <= m.n_layers, "parallel.pp",
+                 f"pp x virtual_stages = {stages} stages but model.n_layers is only {m.n_layers}")
+        _require(m.n_layers % stages == 0, "parallel.pp",
+                 f"model.n_layers={m.n_layers} is not divisible by pp x virtual_stages = {stages} "
+                 "(give an explicit split with parallel.pp_layers)")
+
+
+def _validate_train(cfg: DictConfig) -> None:
+    t, p = cfg.train, cfg.parallel
+    _positive(cfg, "train.max_steps", "train.micro_batch_size", "train.global_batch_size", "train.lr",
+               "train.log_interval")
+    _non_negative(cfg, "train.min_lr", "train.warmup_steps", "train.weight_decay", "train.grad_clip",
+                  "train.eval_interval", "train.eval_steps", "train.max_bad_steps")
+    _require(t.min_lr <= t.lr, "train.min_lr", f"min_lr={t.min_lr} must not exceed train.lr={t.lr}")
+    for key in ("beta1", "beta2"):
+        _require(0.0 <= t[key] < 1.0, f"train.{key}", f"must be in [0, 1) (got {t[key]})")
+    per_step = t.micro_batch_size * p.dp
+    _require(t.global_batch_size % per_step == 0, "train.global_batch_size",
+             f"global_batch_size={t.global_batch_size} must equal micro_batch_size x accumulation x dp; "
+             f"it is not a multiple of micro_batch_size x dp = {t.micro_batch_size} x {p.dp} = {per_step}")
+    if p.pp > 1:
+        micro = t.global_batch_size // per_step
+        _require(micro >= p.pp, "train.global_batch_size",
+                 f"pipeline needs at least pp={p.pp} micro-batches per step to fill its stages; "
+                 f"global_batch_size / (micro_batch_size x dp) = {micro}")
+        if p.pp_schedule in MULTI_STAGE_SCHEDULES and p.pp_schedule not in V_SHAPED_SCHEDULES:
+            _require(micro % p.pp == 0, "train.global_batch_size",
+                     f"schedule {p.pp_schedule} needs micro-batches per step ({micro}) divisible by pp={p.pp}")
+
+
+def _validate_data(cfg: DictConfig) -> None:
+    import os
+
+    d = cfg.data
+    _require(d.name in DATA_SOURCES, "data.name", f"unknown data source '{d.name}' (choose from {DATA_SOURCES})")
+    _require(0.0 < d.val_fraction < 1.0, "data.val_fraction", f"must be in (0, 1) (got {d.val_fraction})")
+    if d.dtype is not None:
+        _require(d.dtype in TOKEN_DTYPES, "data.dtype", f"must be one of {TOKEN_DTYPES} (got {d.dtype})")
+    if d.name == "memmap":
+        _require(bool(d.path), "data.path", "memmap data needs data.path (a token file from `llmtrain data prepare`)")
+        _require(os.path.isfile(str(d.path)), "data.path", f"no such file: {d.path}")
+    if d.name == "stdlib":
+        _require(bool(d.path), "data.path", "the stdlib corpus needs a data.path to build into")
+        _require(cfg.model.vocab_size >= 256, "model.vocab_size",
+                 f"byte-level stdlib data has 256 token ids; vocab_size={cfg.model.vocab_size} is too small")
+        _positive(cfg, "data.max_bytes")
+
+
+def _validate_precision(cfg: DictConfig) -> None:
+    pr = cfg.precision
+    _require(pr.name in PRECISIONS, "precision.name", f"unknown precision '{pr.name}' (choose from {PRECISIONS})")
+    for key in ("compute_dtype", "reduce_dtype"):
+        _require(pr[key] in DTYPES, f"precision.{key}", f"must be one of {DTYPES} (got {pr[key]})")
+    if pr.name == "fp16":
+        _require(pr.init_scale > 0, "precision.init_scale", f"must be > 0 (got {pr.init_scale})")
+        _require(pr.growth_factor > 1.0, "precision.growth_factor", f"must be > 1 (got {pr.growth_factor})")
+        _require(0.0 < pr.backoff_factor < 1.0, "precision.backoff_factor",
+                 f"must be in (0, 1) (got {pr.backoff_factor})")
+        _require(pr.growth_interval > 0, "precision.growth_interval", f"must be > 0 (got {pr.growth_interval})")
+
+
+def _validate_cluster(cfg: DictConfig) -> None:
+    c = cfg.cluster
+    _positive(cfg, "cluster.nnodes", "cluster.nproc_per_node")
+    _require(0 <= c.node_rank < c.nnodes, "cluster.node_rank", f"must be in [0, {c.nnodes}) (got {c.node_rank})")
+    _require(0 <= c.master_port < 65536, "cluster.master_port", f"must be a port number (got {c.master_port})")
+    _require(cfg.device in DEVICES, "device", f"must be one of {DEVICES} (got {cfg.device})")
+    _require(cfg.launch.max_restarts >= 0, "launch.max_restarts", f"must be >= 0 (got {cfg.launch.max_restarts})")
+    _require(cfg.launch.pg_timeout_s > 0, "launch.pg_timeout_s", f"must be > 0 (got {cfg.launch.pg_timeout_s})")
+    _require(cfg.checkpoint.interval >= 0, "checkpoint.interval", f"must be >= 0 (got {cfg.checkpoint.interval})")
+    _require(cfg.checkpoint.keep >= 1, "checkpoint.keep", f"must be >= 1 (got {cfg.checkpoint.keep})")

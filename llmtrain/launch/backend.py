@@ -1,0 +1,87 @@
+"""The launcher interface every backend (local, ssh, slurm) implements."""
+
+from __future__ import annotations
+
+import abc
+import os
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from llmtrain.config.errors import ConfigError
+
+
+@dataclass
+class NodeCommand:
+    """What runs on one node: the command line, the environment it adds, and where."""
+
+    host: str
+    node_rank: int
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+
+    def shell(self) -> str:
+        exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
+        return f"{exports} {shlex.join(self.argv)}".strip()
+
+
+class Backend(abc.ABC):
+    name: str
+
+    def __init__(self, cfg: DictConfig, run_dir: str):
+        self.cfg = cfg
+        self.run_dir = run_dir
+
+    @abc.abstractmethod
+    def node_commands(self) -> list[NodeCommand]:
+        """The commands that start torchrun on each node (shown by --dry-run, run by launch)."""
+
+    @abc.abstractmethod
+    def run(self, monitor) -> int:
+        """Start the job, drive `monitor` until it ends, stop everything on failure/interrupt; return exit code."""
+
+    def stop(self) -> None:
+        """Stop every process the backend started (called on Ctrl-C / SIGTERM)."""
+
+
+def torchrun_argv(cfg: DictConfig, run_dir: str, nnodes: int, node_rank: int | None, rdzv_endpoint: str,
+                  rdzv_id: str) -> list[str]:
+    """torchrun for one node. c10d rendezvous: every node gets the same endpoint and id."""
+    c = cfg.cluster
+    argv = [sys.executable, "-m", "torch.distributed.run",
+            f"--nnodes={nnodes}", f"--nproc-per-node={c.nproc_per_node}",
+            "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}", f"--rdzv-id={rdzv_id}",
+            f"--max-restarts={cfg.launch.max_restarts}"]
+    if node_rank is not None:
+        argv.append(f"--node-rank={node_rank}")
+    return argv + ["-m", "llmtrain.worker", run_dir]
+
+
+def worker_env(cfg: DictConfig) -> dict[str, str]:
+    """Environment every worker gets on top of the node's: network preset, `env:` extras, and what makes
+    torchrun restarts and imports work."""
+    env = {str(k): str(v) for k, v in cfg.network.env.items()}
+    env.update({str(k): str(v) for k, v in cfg.env.items()})
+    threads = cfg.launch.omp_num_threads or max(1, (os.cpu_count() or 1) // cfg.cluster.nproc_per_node)
+    env.setdefault("OMP_NUM_THREADS", str(threads))
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    # Restarted workers otherwise reuse the agent's stale TCPStore and fail to connect (pytorch issue 135712).
+    env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    # Workers import llmtrain from the same place as the launcher, also from a source checkout.
+    package_root = str(Path(__file__).resolve().parents[2])
+    current = os.environ.get("PYTHONPATH", "")
+    env.setdefault("PYTHONPATH", package_root + (os.pathsep + current if current else ""))
+    return env
+
+
+def get_backend(cfg: DictConfig, run_dir: str) -> Backend:
+    from llmtrain.launch.local import LocalBackend
+
+    backends = {"local": LocalBackend}
+    if cfg.cluster.name not in backends:
+        raise ConfigError("cluster.name", f"unknown cluster backend '{cfg.cluster.name}' "
+                                          f"(available: {', '.join(backends)})")
+    return backends[cfg.cluster.name](cfg, run_dir)

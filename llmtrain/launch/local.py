@@ -1,0 +1,50 @@
+"""cluster=local: torchrun on this node (node_rank of nnodes; nnodes=1 is the usual case)."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+from llmtrain.launch import processes
+from llmtrain.launch.backend import Backend, NodeCommand, torchrun_argv, worker_env
+from llmtrain.launch.monitor import report_failure
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LocalBackend(Backend):
+    name = "local"
+
+    def __init__(self, cfg, run_dir):
+        super().__init__(cfg, run_dir)
+        c = cfg.cluster
+        self.port = c.master_port or free_port()
+        self.proc = None
+        self.output: list[str] = []
+
+    def node_commands(self) -> list[NodeCommand]:
+        c = self.cfg.cluster
+        argv = torchrun_argv(self.cfg, self.run_dir, c.nnodes, c.node_rank if c.nnodes > 1 else None,
+                             f"{c.master_addr}:{self.port}", rdzv_id=f"llmtrain-{self.port}")
+        return [NodeCommand(host="localhost", node_rank=c.node_rank, argv=argv, env=worker_env(self.cfg))]
+
+    def run(self, monitor) -> int:
+        cmd = self.node_commands()[0]
+        env = dict(cmd.env, TMPDIR=os.path.join(self.run_dir, "tmp"))
+        os.makedirs(env["TMPDIR"], exist_ok=True)
+        log = os.path.join(self.run_dir, "logs", f"node{cmd.node_rank}.log")
+        self.proc = processes.start(cmd.argv, env, log, on_line=self.output.append)
+        code = monitor.follow(self.proc.poll)
+        if code != 0:
+            report_failure(monitor.console, self.run_dir, "".join(self.output), code,
+                           self.cfg.cluster.nproc_per_node)
+        self.stop()
+        return code
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            processes.stop_tree(self.proc, grace_s=10.0)

@@ -1,0 +1,131 @@
+"""What the user sees while a job runs: a live rich progress line (step/total, loss, tokens/s, ETA) fed by
+metrics.jsonl, rank 0's log streamed above it, and, when a rank fails, which one and the tail of its log."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from typing import Callable
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+
+class LineFollower:
+    """Yields the complete new lines of a file that may not exist yet and keeps growing."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.offset = 0
+        self.partial = ""
+
+    def new_lines(self) -> list[str]:
+        try:
+            with open(self.path, "r", errors="replace") as f:
+                f.seek(self.offset)
+                data = f.read()
+                self.offset = f.tell()
+        except FileNotFoundError:
+            return []
+        data = self.partial + data
+        lines = data.split("\n")
+        self.partial = lines.pop()
+        return lines
+
+
+class Monitor:
+    def __init__(self, run_dir: str, max_steps: int, console: Console | None = None, stream_rank: int = 0):
+        self.run_dir = run_dir
+        self.console = console or Console()
+        self.log = LineFollower(os.path.join(run_dir, "logs", f"rank{stream_rank}.log"))
+        self.metrics = LineFollower(os.path.join(run_dir, "metrics.jsonl"))
+        self.progress = Progress(
+            TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("loss [cyan]{task.fields[loss]}"), TextColumn("{task.fields[tps]} tok/s"),
+            TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+            console=self.console, transient=False, disable=not self.console.is_terminal)
+        self.task = self.progress.add_task("train", total=max_steps, loss="-", tps="-")
+        self.last_row: dict = {}
+
+    def poll(self) -> None:
+        for line in self.log.new_lines():
+            self.console.print(line, markup=False, highlight=False, soft_wrap=True)
+        for line in self.metrics.new_lines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if "loss" in row:
+                self.last_row = row
+                loss = row["loss"]
+                self.progress.update(self.task, completed=row["step"],
+                                     loss=f"{loss:.4f}" if isinstance(loss, float) else str(loss),
+                                     tps=f"{row.get('tokens_per_s', 0):,.0f}")
+
+    def follow(self, poll_exit: Callable[[], int | None], interval_s: float = 0.3) -> int:
+        """Refresh until poll_exit() returns an exit code; return it."""
+        with self.progress:
+            while True:
+                code = poll_exit()
+                self.poll()
+                if code is not None:
+                    self.poll()
+                    return code
+                time.sleep(interval_s)
+
+
+_ROOT_CAUSE_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)", re.MULTILINE)
+_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)", re.MULTILINE)
+
+
+def failed_ranks(run_dir: str, agent_output: str) -> list[int]:
+    """Ranks that failed: torchrun's root-cause report first, then ranks whose status file says error."""
+    ranks: list[int] = []
+    root = agent_output.split("Root Cause", 1)
+    if len(root) == 2:
+        ranks += [int(r) for r in _ROOT_CAUSE_RANK.findall(root[1])[:1]]
+    logs = os.path.join(run_dir, "logs")
+    try:
+        names = sorted(os.listdir(logs))
+    except FileNotFoundError:
+        names = []
+    for name in names:
+        if name.endswith(".status"):
+            try:
+                with open(os.path.join(logs, name)) as f:
+                    if json.load(f).get("status") == "error":
+                        r = int(name[len("rank"):-len(".status")])
+                        if r not in ranks:
+                            ranks.append(r)
+            except (OSError, ValueError):
+                continue
+    return ranks
+
+
+def tail(path: str, n: int = 20) -> list[str]:
+    try:
+        with open(path, errors="replace") as f:
+            return f.read().splitlines()[-n:]
+    except FileNotFoundError:
+        return []
+
+
+def report_failure(console: Console, run_dir: str, agent_output: str, exit_code: int, nproc_per_node: int) -> None:
+    ranks = failed_ranks(run_dir, agent_output)
+    exit_match = _EXIT.search(agent_output.split("Root Cause", 1)[-1])
+    if not ranks:
+        console.print(f"[bold red]llmtrain: the job failed with exit code {exit_code}[/] (no rank reported an "
+                      f"error; see {os.path.join(run_dir, 'logs')})")
+        return
+    rank = ranks[0]
+    how = f"exit code {exit_match.group(1)}" if exit_match else f"job exit code {exit_code}"
+    if exit_match and int(exit_match.group(1)) < 0:
+        how = f"signal {-int(exit_match.group(1))}"
+    node, local = divmod(rank, nproc_per_node)
+    log = os.path.join(run_dir, "logs", f"rank{rank}.log")
+    console.print(f"[bold red]llmtrain: rank {rank} (node {node}, local rank {local}) failed ({how})[/]; "
+                  f"last lines of {log}:")
+    for line in tail(log):
+        console.print(f"  {line}", markup=False, highlight=False)

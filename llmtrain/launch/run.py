@@ -1,0 +1,98 @@
+"""`llmtrain launch`: prepare the run directory, start the backend, follow the job, clean up on any exit."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+from omegaconf import DictConfig
+from rich.console import Console
+from rich.table import Table
+
+from llmtrain.config import to_yaml
+from llmtrain.launch.backend import get_backend
+from llmtrain.launch.monitor import Monitor
+from llmtrain.parallel.layout import ParallelDims
+
+EXIT_INTERRUPTED = 130
+
+
+def layout_table(cfg: DictConfig) -> Table:
+    dims = ParallelDims.from_config(cfg)
+    table = Table(title=f"rank layout: dp={dims.dp} (replicate {dims.dp_replicate} x shard {dims.dp_shard}) "
+                        f"x pp={dims.pp} x tp={dims.tp}, zero={dims.zero}", title_justify="left", expand=False)
+    for col in ("rank", "node", "local rank", "dp", "pp", "tp"):
+        table.add_column(col, justify="right")
+    nproc = cfg.cluster.nproc_per_node
+    for rank in range(dims.world_size):
+        c = dims.coords(rank)
+        table.add_row(*(str(v) for v in (rank, rank // nproc, rank % nproc, c["dp"], c["pp"], c["tp"])))
+    return table
+
+
+def dry_run(cfg: DictConfig) -> int:
+    console = Console()
+    run_dir = os.path.abspath(cfg.run.dir)
+    cfg.run.dir = run_dir
+    backend = get_backend(cfg, run_dir)
+    console.rule("resolved config")
+    console.print(to_yaml(cfg), markup=False, highlight=False)
+    console.print(layout_table(cfg))
+    console.rule("commands (nothing was started)")
+    for cmd in backend.node_commands():
+        console.print(f"[bold]node {cmd.node_rank} ({cmd.host}):[/]")
+        console.print(cmd.shell(), markup=False, highlight=False, soft_wrap=True)
+        console.print("[bold]environment added:[/]")
+        for k, v in sorted(cmd.env.items()):
+            console.print(f"  {k}={v}", markup=False, highlight=False)
+    return 0
+
+
+def prepare_run_dir(cfg: DictConfig) -> str:
+    """Create run.dir with config.yaml (written atomically) and a fresh logs/ status."""
+    run_dir = os.path.abspath(cfg.run.dir)
+    cfg.run.dir = run_dir
+    os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
+    for name in os.listdir(os.path.join(run_dir, "logs")):
+        if name.endswith(".status"):
+            os.remove(os.path.join(run_dir, "logs", name))
+    tmp = os.path.join(run_dir, "config.yaml.tmp")
+    with open(tmp, "w") as f:
+        f.write(to_yaml(cfg))
+    os.replace(tmp, os.path.join(run_dir, "config.yaml"))
+    return run_dir
+
+
+def prepare_data(cfg: DictConfig) -> None:
+    if cfg.data.name == "stdlib":
+        from llmtrain.data import ensure_stdlib_corpus
+
+        ensure_stdlib_corpus(cfg.data.path, cfg.data.max_bytes)
+
+
+def launch(cfg: DictConfig) -> int:
+    console = Console()
+    prepare_data(cfg)
+    existed = os.path.isdir(cfg.run.dir)
+    run_dir = prepare_run_dir(cfg)
+    try:
+        backend = get_backend(cfg, run_dir)
+    except Exception:
+        if not existed:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+    dims = ParallelDims.from_config(cfg)
+    console.print(f"llmtrain: run directory {run_dir}; {dims.world_size} ranks "
+                  f"(dp={dims.dp} tp={dims.tp} pp={dims.pp}) on {cfg.cluster.nnodes} node(s), backend "
+                  f"{backend.name}", markup=False, highlight=False, soft_wrap=True)
+    monitor = Monitor(run_dir, cfg.train.max_steps, console)
+    try:
+        code = backend.run(monitor)
+    except KeyboardInterrupt:
+        console.print("llmtrain: interrupted; stopping every process of the job", markup=False)
+        backend.stop()
+        return EXIT_INTERRUPTED
+    if code == 0:
+        console.print(f"llmtrain: job finished; metrics in {os.path.join(run_dir, 'metrics.jsonl')}",
+                      markup=False, highlight=False)
+    return code

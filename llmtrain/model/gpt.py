@@ -1,0 +1,119 @@
+"""GPT-2 architecture: learned positions, pre-LayerNorm blocks, GELU MLP, output head tied to the token embedding.
+
+Parallelism is applied from outside (llmtrain.parallel): layers live in an nn.ModuleDict keyed by their global
+index so parameter names survive a pipeline split, and a pipeline stage simply sets the modules it does not own
+(embeddings, final norm, head) to None. q, k and v are separate projections so tensor parallel can shard them by
+head without reordering a fused weight.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class GPTArgs:
+    n_layers: int
+    n_heads: int
+    d_model: int
+    vocab_size: int
+    seq_len: int
+    dropout: float = 0.0
+
+    @classmethod
+    def from_config(cls, model_cfg) -> "GPTArgs":
+        return cls(n_layers=model_cfg.n_layers, n_heads=model_cfg.n_heads, d_model=model_cfg.d_model,
+                   vocab_size=model_cfg.vocab_size, seq_len=model_cfg.seq_len, dropout=model_cfg.dropout)
+
+
+class Attention(nn.Module):
+    def __init__(self, args: GPTArgs):
+        super().__init__()
+        self.head_dim = args.d_model // args.n_heads
+        self.q = nn.Linear(args.d_model, args.d_model)
+        self.k = nn.Linear(args.d_model, args.d_model)
+        self.v = nn.Linear(args.d_model, args.d_model)
+        self.proj = nn.Linear(args.d_model, args.d_model)
+        self.dropout = args.dropout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        # -1 heads: under tensor parallel each rank holds n_heads / tp of them.
+        q, k, v = (proj(x).view(b, t, -1, self.head_dim).transpose(1, 2) for proj in (self.q, self.k, self.v))
+        y = self.core(q, k, v)
+        return self.proj(y.transpose(1, 2).reshape(b, t, -1))
+
+    def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Causal softmax(q k^T / sqrt(d)) v; a method of its own so selective recompute can wrap just this."""
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                              dropout_p=self.dropout if self.training else 0.0)
+
+
+class MLP(nn.Module):
+    def __init__(self, args: GPTArgs):
+        super().__init__()
+        self.fc = nn.Linear(args.d_model, 4 * args.d_model)
+        self.proj = nn.Linear(4 * args.d_model, args.d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(F.gelu(self.fc(x), approximate="tanh"))
+
+
+class Block(nn.Module):
+    def __init__(self, args: GPTArgs):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(args.d_model)
+        self.attn = Attention(args)
+        self.ln_2 = nn.LayerNorm(args.d_model)
+        self.mlp = MLP(args)
+        self.drop = nn.Dropout(args.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.drop(self.attn(self.ln_1(x)))
+        return x + self.drop(self.mlp(self.ln_2(x)))
+
+
+class Embedding(nn.Module):
+    """Token + learned position embedding."""
+
+    def __init__(self, args: GPTArgs):
+        super().__init__()
+        self.tok = nn.Embedding(args.vocab_size, args.d_model)
+        self.pos = nn.Embedding(args.seq_len, args.d_model)
+        self.drop = nn.Dropout(args.dropout)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(idx.shape[1], device=idx.device)
+        return self.drop(self.tok(idx) + self.pos(positions))
+
+
+class GPT(nn.Module):
+    def __init__(self, args: GPTArgs):
+        super().__init__()
+        self.args = args
+        self.embed: Embedding | None = Embedding(args)
+        self.layers = nn.ModuleDict({str(i): Block(args) for i in range(args.n_layers)})
+        self.norm: nn.LayerNorm | None = nn.LayerNorm(args.d_model)
+        self.head: nn.Linear | None = nn.Linear(args.d_model, args.vocab_size, bias=False)
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        """GPT-2 ties the output head to the token embedding (one parameter, named embed.tok.weight)."""
+        if self.embed is not None and self.head is not None:
+            self.head.weight = self.embed.tok.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Token ids (b, t) -> logits (b, t, vocab); a pipeline stage without embed/head maps hidden -> hidden."""
+        h = self.embed(x) if self.embed is not None else x
+        for layer in self.layers.values():
+            h = layer(h)
+        if self.norm is not None:
+            h = self.norm(h)
+        return self.head(h) if self.head is not None else h
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())

@@ -1,0 +1,1 @@
+"""Parallelism applied to the model from outside: mesh, data parallel (FSDP2), tensor and pipeline parallel."""

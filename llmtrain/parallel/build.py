@@ -1,0 +1,155 @@
+"""Build this rank's share of the model: meta-device GPT -> pipeline split -> tensor parallel -> FSDP2 ->
+materialize on the device -> layout-independent init (torchtitan's order: TP before FSDP, init after sharding)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from omegaconf import DictConfig
+from torch import nn
+from torch.distributed.pipelining import PipelineStage
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import loss_parallel
+
+from llmtrain.model import GPT, GPTArgs, init_parameters
+from llmtrain.parallel import pipeline as pp_lib
+from llmtrain.parallel.data_parallel import apply_data_parallel
+from llmtrain.parallel.layout import ParallelDims
+from llmtrain.parallel.mesh import Meshes
+from llmtrain.parallel.tensor_parallel import apply_tensor_parallel
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+TIED_COPY = "head.weight"  # on a last pipeline stage that does not also hold the embedding
+TIED_SOURCE = "embed.tok.weight"
+
+
+class ParallelModel:
+    """The model parts this rank holds (one, or several pipeline stages) and how to run them."""
+
+    def __init__(self, parts: list[nn.Module], dims: ParallelDims, pipeline=None, stage_ids=(),
+                 num_stages: int = 1, tied_group: dist.ProcessGroup | None = None):
+        self.parts = parts
+        self.dims = dims
+        self.pipeline = pipeline
+        self.stage_ids = list(stage_ids)
+        self.num_stages = num_stages
+        self.tied_group = tied_group
+        self.pipeline_loss_scale = 1.0
+        self.has_first_stage = pipeline is None or 0 in self.stage_ids
+        self.has_last_stage = pipeline is None or (num_stages - 1) in self.stage_ids
+
+    def named_parameters(self):
+        seen = set()
+        for part in self.parts:
+            for name, p in part.named_parameters():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    yield name, p
+
+    def parameters(self) -> list[nn.Parameter]:
+        return [p for _, p in self.named_parameters()]
+
+    def norm_parameters(self) -> list[nn.Parameter]:
+        """Parameters counted in the gradient norm: a tied head copy is the embedding counted twice."""
+        if self.tied_group is None:
+            return self.parameters()
+        return [p for name, p in self.named_parameters() if not self._is_tied_copy(name)]
+
+    def _is_tied_copy(self, name: str) -> bool:
+        return name == TIED_COPY and self.pipeline is not None
+
+    def loss_context(self):
+        return loss_parallel() if self.dims.tp > 1 else contextlib.nullcontext()
+
+    def set_gradient_sync(self, enabled: bool) -> None:
+        for part in self.parts:
+            if hasattr(part, "set_requires_gradient_sync"):
+                part.set_requires_gradient_sync(enabled)
+
+    @torch.no_grad()
+    def sync_tied_weights(self) -> None:
+        """Sum the gradients of the embedding and its head copy on the first and last pipeline stages, so both
+        copies take the same update (Megatron's embedding group)."""
+        if self.tied_group is None:
+            return
+        tied = [p for name, p in self.named_parameters() if name in (TIED_SOURCE, TIED_COPY)]
+        local = [_local(p.grad) for p in tied if p.grad is not None]
+        if len(local) == 2:  # both ends on this rank (V-shaped schedules)
+            total = local[0] + local[1]
+            for g in local:
+                g.copy_(total)
+        elif len(local) == 1:
+            dist.all_reduce(local[0], group=self.tied_group)
+
+    def describe(self) -> str:
+        n = sum(p.numel() for p in self.parameters())
+        local = sum(_local(p).numel() for p in self.parameters())
+        stages = f", pipeline stages {self.stage_ids}" if self.pipeline is not None else ""
+        return f"{n:,} parameters on this rank ({local:,} local elements){stages}"
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def build_parallel_model(cfg: DictConfig, dims: ParallelDims, mesh: Meshes, device: torch.device) -> ParallelModel:
+    args = GPTArgs.from_config(cfg.model)
+    with torch.device("meta"):
+        whole = GPT(args)
+    pp = cfg.parallel
+    param_dtype = _DTYPES[cfg.precision.compute_dtype]
+    param_dtype = None if param_dtype == torch.float32 else param_dtype
+    reduce_dtype = _DTYPES[cfg.precision.reduce_dtype]
+
+    def finish(part: nn.Module) -> nn.Module:
+        if dims.tp > 1:
+            apply_tensor_parallel(part, mesh.tp, pp.sequence_parallel)
+        apply_data_parallel(part, mesh.dp_2d, dims, param_dtype, reduce_dtype)
+        part.to_empty(device=device)
+        part.tie_weights()
+        init_parameters(part, cfg.train.seed, cfg.model.init_std, cfg.model.n_layers)
+        return part
+
+    if dims.pp == 1:
+        return ParallelModel([finish(whole)], dims)
+
+    num_stages = dims.pp * pp.virtual_stages
+    counts = pp_lib.layers_per_stage(cfg.model.n_layers, num_stages, pp.pp_layers)
+    pp_rank = mesh.pp.get_local_rank()
+    pp_group = mesh.pp.get_group()
+    ids = pp_lib.stage_ids(pp_rank, dims.pp, pp.virtual_stages, pp.pp_schedule)
+    parts = [finish(pp_lib.make_stage_module(whole, s, counts)) for s in ids]
+    stages = [PipelineStage(part, s, num_stages, device, group=pp_group) for part, s in zip(parts, ids)]
+    model = ParallelModel(parts, dims, None, ids, num_stages, _tied_group(mesh, dims, pp))
+
+    def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+        return loss * model.pipeline_loss_scale
+
+    n_micro = cfg.train.global_batch_size // (cfg.train.micro_batch_size * dims.dp)
+    model.pipeline = pp_lib.build_schedule(stages, pp.pp_schedule, n_micro, loss_fn)
+    return model
+
+
+def _tied_group(mesh: Meshes, dims: ParallelDims, pp) -> dist.ProcessGroup | None:
+    """Process group joining the holders of stage 0 (embedding) and the last stage (head copy) for this rank's
+    (dp, tp) coordinate, or None when one rank holds both."""
+    num_stages = dims.pp * pp.virtual_stages
+    first = pp_lib.stage_owner(0, dims.pp, pp.virtual_stages, pp.pp_schedule)
+    last = pp_lib.stage_owner(num_stages - 1, dims.pp, pp.virtual_stages, pp.pp_schedule)
+    if first == last:
+        return _SAME_RANK
+    pp_ranks = mesh.pp.mesh.tolist()  # global ranks of this rank's pp group, by pp index
+    if mesh.pp.get_local_rank() not in (first, last):
+        return None
+    return dist.new_group([pp_ranks[first], pp_ranks[last]], use_local_synchronization=True)
+
+
+class _SameRank:
+    """Marker: both tied copies live on this rank; sync_tied_weights adds them locally."""
+
+
+_SAME_RANK = _SameRank()

@@ -1,0 +1,85 @@
+"""Pipeline parallel with torch.distributed.pipelining: split the model by layers into stages, keep parameter names.
+
+Each stage is a copy of the GPT that keeps only its layers (ModuleDict keys are global layer indices, so names
+like layers.7.mlp.fc.weight are the same in every layout); the first stage keeps the embedding, the last the final
+norm and head. Looped schedules place stage s on pp rank s % pp; V-shaped ones (zbv, dualpipe_v) place stages
+r and S-1-r on rank r.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from torch import nn
+from torch.distributed.pipelining import PipelineStage
+from torch.distributed.pipelining.schedules import (
+    Schedule1F1B,
+    ScheduleDualPipeV,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+    ScheduleInterleavedZeroBubble,
+    ScheduleLoopedBFS,
+    ScheduleZBVZeroBubble,
+)
+
+from llmtrain.config.validate import V_SHAPED_SCHEDULES
+from llmtrain.model.gpt import GPT
+
+SCHEDULES = {
+    "gpipe": ScheduleGPipe,
+    "1f1b": Schedule1F1B,
+    "interleaved_1f1b": ScheduleInterleaved1F1B,
+    "looped_bfs": ScheduleLoopedBFS,
+    "zero_bubble": ScheduleInterleavedZeroBubble,
+    "zbv": ScheduleZBVZeroBubble,
+    "dualpipe_v": ScheduleDualPipeV,
+}
+
+
+def layers_per_stage(n_layers: int, num_stages: int, explicit: list[int] | None) -> list[int]:
+    if explicit:
+        return list(explicit)
+    return [n_layers // num_stages] * num_stages
+
+
+def stage_ids(pp_rank: int, pp: int, virtual_stages: int, schedule: str) -> list[int]:
+    """Global stage indices held by pp rank `pp_rank`."""
+    num_stages = pp * virtual_stages
+    if schedule in V_SHAPED_SCHEDULES:
+        return [pp_rank, num_stages - 1 - pp_rank]
+    return [pp_rank + k * pp for k in range(virtual_stages)]
+
+
+def stage_owner(stage: int, pp: int, virtual_stages: int, schedule: str) -> int:
+    for r in range(pp):
+        if stage in stage_ids(r, pp, virtual_stages, schedule):
+            return r
+    raise ValueError(f"stage {stage} has no owner")
+
+
+def make_stage_module(model: GPT, stage: int, layer_counts: list[int]) -> GPT:
+    """A copy of `model` (meta device: free) holding only stage `stage`'s part."""
+    part = copy.deepcopy(model)
+    start = sum(layer_counts[:stage])
+    keep = {str(i) for i in range(start, start + layer_counts[stage])}
+    for key in list(part.layers.keys()):
+        if key not in keep:
+            del part.layers[key]
+    last = stage == len(layer_counts) - 1
+    if stage != 0:
+        part.embed = None
+    if not last:
+        part.norm = None
+        part.head = None
+    elif stage != 0:
+        # The head's weight is tied to the embedding on stage 0: give this stage its own copy (same init,
+        # gradients summed across the two holders every step; see ParallelModel.sync_tied_weights).
+        part.head = nn.Linear(model.args.d_model, model.args.vocab_size, bias=False, device="meta")
+    return part
+
+
+def build_schedule(stages: list[PipelineStage], name: str, n_microbatches: int, loss_fn):
+    cls = SCHEDULES[name]
+    if name in ("gpipe", "1f1b"):
+        return cls(stages[0], n_microbatches=n_microbatches, loss_fn=loss_fn)
+    return cls(stages, n_microbatches=n_microbatches, loss_fn=loss_fn)

@@ -1,0 +1,1 @@
+"""The training loop that each torchrun worker runs."""

@@ -1,0 +1,42 @@
+"""metrics.jsonl: one JSON object per logged step (and per eval), appended and flushed as it happens so the
+launcher's live view and `tail -f` see it at once."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+
+class MetricsWriter:
+    def __init__(self, path: str | None):
+        self.file = open(path, "a", buffering=1) if path else None
+
+    def write(self, row: dict) -> None:
+        if self.file is None:
+            return
+        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
+        self.file.write(json.dumps(clean) + "\n")
+        self.file.flush()
+        os.fsync(self.file.fileno())
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+
+
+def read_metrics(path: str) -> list[dict]:
+    rows = []
+    try:
+        with open(path) as f:
+            for line in f:
+                line = line.strip()
+                if line:
+                    try:
+                        rows.append(json.loads(line))
+                    except json.JSONDecodeError:
+                        break  # a line still being written
+    except FileNotFoundError:
+        pass
+    return rows

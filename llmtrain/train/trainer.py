@@ -1,0 +1,231 @@
+"""The training loop of one worker: data, forward/backward (plain or pipelined), global clipping, AdamW, eval, metrics."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import time
+from dataclasses import dataclass
+
+import psutil
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from omegaconf import DictConfig
+
+from llmtrain.data import SampleStream, build_dataset
+from llmtrain.parallel.build import ParallelModel, build_parallel_model
+from llmtrain.parallel.grad_norm import clip_grad_norm_
+from llmtrain.parallel.layout import ParallelDims
+from llmtrain.parallel.mesh import build_mesh
+from llmtrain.train.loss_scale import DynamicLossScaler
+from llmtrain.train.metrics import MetricsWriter
+from llmtrain.train.optim import build_optimizer, lr_at, set_lr
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(name: str, local_rank: int) -> torch.device:
+    if name == "cuda" or (name == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise RuntimeError("device=cuda but torch.cuda.is_available() is False on this node")
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+@dataclass
+class StepResult:
+    loss: float
+    grad_norm: float
+    skipped: bool
+
+
+class Trainer:
+    def __init__(self, cfg: DictConfig, run_dir: str, device: torch.device):
+        self.cfg = cfg
+        self.run_dir = run_dir
+        self.device = device
+        self.rank = dist.get_rank()
+        self.dims = ParallelDims.from_config(cfg)
+        self.mesh = build_mesh(self.dims, device.type)
+        self.dp_group = self.mesh.dp.get_group()
+        self.dp_rank = self.mesh.dp.get_local_rank()
+        self.pp_group = self.mesh.pp.get_group()
+        self.compute_dtype = _DTYPES[cfg.precision.compute_dtype]
+
+        self.model: ParallelModel = build_parallel_model(cfg, self.dims, self.mesh, device)
+        self.params = self.model.parameters()
+        self.optimizer = build_optimizer(self.model.parts, cfg.train)
+        p = cfg.precision
+        self.scaler = DynamicLossScaler(p.init_scale, p.growth_factor, p.backoff_factor, p.growth_interval,
+                                        enabled=p.name == "fp16")
+        self.dataset = build_dataset(cfg.data, cfg.model, cfg.train.seed)
+        self.stream = SampleStream(self.dataset, cfg.train.seed)
+        self.accum = cfg.train.global_batch_size // (cfg.train.micro_batch_size * self.dims.dp)
+        self.step = 0
+        self.tokens_seen = 0
+        self.bad_steps = 0
+        is_logger = self.rank == 0
+        self.metrics = MetricsWriter(os.path.join(run_dir, "metrics.jsonl") if is_logger else None)
+        self.log = print if is_logger else (lambda *a, **k: None)
+
+    # ---- one optimizer step ------------------------------------------------------------------------------------
+    def autocast(self):
+        if self.compute_dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.compute_dtype)
+
+    def loss_fn(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean cross entropy in fp32; under TP the logits stay vocab-sharded (loss_parallel, no full gather)."""
+        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+
+    def _batch(self, split: str, step: int, micro_step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        t = self.cfg.train
+        x, y = self.stream.batch(split, step, micro_step, self.dp_rank, self.dims.dp, t.micro_batch_size,
+                                 t.global_batch_size)
+        return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+
+    def forward_backward(self) -> torch.Tensor:
+        """Run all micro-batches of this step on this dp rank; return the mean loss (valid on last pp stage)."""
+        if self.model.pipeline is not None:
+            return self._pipeline_forward_backward()
+        total = torch.zeros((), device=self.device)
+        model = self.model.parts[0]
+        for m in range(self.accum):
+            x, y = self._batch("train", self.step, m)
+            # Reduce gradients across dp only after the last micro-batch.
+            self.model.set_gradient_sync(m == self.accum - 1)
+            with self.model.loss_context():
+                with self.autocast():
+                    logits = model(x)
+                loss = self.loss_fn(logits, y)
+                self.scaler.scale_loss(loss / self.accum).backward()
+            total += loss.detach()
+        return total / self.accum
+
+    def _pipeline_forward_backward(self) -> torch.Tensor:
+        xs, ys = zip(*(self._batch("train", self.step, m) for m in range(self.accum)))
+        x, y = torch.cat(xs), torch.cat(ys)
+        losses: list[torch.Tensor] = []
+        scale = self.scaler.scale if self.scaler.enabled else 1.0
+        self.model.pipeline_loss_scale = scale
+        with self.model.loss_context(), self.autocast():
+            if self.model.has_first_stage:
+                self.model.pipeline.step(x, target=y, losses=losses)
+            else:
+                self.model.pipeline.step(target=y, losses=losses)
+        if self.model.has_last_stage:
+            return torch.stack([loss.detach().float() for loss in losses]).mean() / scale
+        return torch.zeros((), device=self.device)
+
+    def train_step(self) -> StepResult:
+        for part in self.model.parts:
+            part.train()
+        local_loss = self.forward_backward()
+        self.model.sync_tied_weights()
+        overflow = self.scaler.unscale_and_check(self.params, self.device)
+        grad_norm = clip_grad_norm_(self.params, self.cfg.train.grad_clip, self.pp_group,
+                                    norm_params=self.model.norm_parameters())
+        grad_norm_value = float(grad_norm)
+        # grad_norm is global (same on every rank), so every rank takes the same decision.
+        bad = overflow or not math.isfinite(grad_norm_value)
+        if not bad:
+            set_lr(self.optimizer, lr_at(self.step, self.cfg.train))
+            self.optimizer.step()
+        self.scaler.update(overflow)
+        self.optimizer.zero_grad(set_to_none=True)
+        return StepResult(loss=self.global_mean_loss(local_loss), grad_norm=grad_norm_value, skipped=bad)
+
+    def global_mean_loss(self, local_loss: torch.Tensor) -> float:
+        """Loss averaged over dp; under pp only the last stage has it, so sum over the pp group first."""
+        loss = local_loss.detach().float().clone()
+        if self.dims.pp > 1:
+            dist.all_reduce(loss, group=self.pp_group)
+        if self.dims.dp > 1:
+            dist.all_reduce(loss, op=dist.ReduceOp.AVG, group=self.dp_group)
+        return float(loss)
+
+    # ---- evaluation ----------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        for part in self.model.parts:
+            part.eval()
+        total = torch.zeros((), device=self.device)
+        for i in range(self.cfg.train.eval_steps):
+            if self.model.pipeline is not None:
+                total += self._pipeline_eval(i)
+                continue
+            x, y = self._batch("val", i, 0)
+            with self.model.loss_context(), self.autocast():
+                total += self.loss_fn(self.model.parts[0](x), y).float()
+        return self.global_mean_loss(total / max(1, self.cfg.train.eval_steps))
+
+    def _pipeline_eval(self, i: int) -> torch.Tensor:
+        xs, ys = zip(*(self._batch("val", i * self.accum + m, 0) for m in range(self.accum)))
+        x, y = torch.cat(xs), torch.cat(ys)
+        losses: list[torch.Tensor] = []
+        self.model.pipeline_loss_scale = 1.0
+        with self.model.loss_context(), self.autocast():
+            if self.model.has_first_stage:
+                self.model.pipeline.eval(x, target=y, losses=losses)
+            else:
+                self.model.pipeline.eval(target=y, losses=losses)
+        if self.model.has_last_stage:
+            return torch.stack([loss.float() for loss in losses]).mean()
+        return torch.zeros((), device=self.device)
+
+    # ---- the loop ------------------------------------------------------------------------------------------------
+    def memory_gib(self) -> float:
+        if self.device.type == "cuda":
+            return torch.cuda.max_memory_allocated(self.device) / 2**30
+        return psutil.Process().memory_info().rss / 2**30
+
+    def train(self) -> None:
+        t, m = self.cfg.train, self.cfg.model
+        tokens_per_step = t.global_batch_size * m.seq_len
+        self.log(f"llmtrain: {self.model.describe()}; layout dp={self.dims.dp} tp={self.dims.tp} "
+                 f"pp={self.dims.pp} zero={self.dims.zero}; {t.max_steps} steps of {t.global_batch_size} x "
+                 f"{m.seq_len} tokens ({self.accum} micro-batches of {t.micro_batch_size} per dp rank)", flush=True)
+        window_start, window_tokens = time.perf_counter(), 0
+        run_start = time.perf_counter()
+        while self.step < t.max_steps:
+            step_start = time.perf_counter()
+            result = self.train_step()
+            step_time = time.perf_counter() - step_start
+            self.step += 1
+            self.tokens_seen += tokens_per_step
+            window_tokens += tokens_per_step
+            self._check_bad_step(result)
+            if self.step % t.log_interval == 0 or self.step == t.max_steps or self.step == 1:
+                now = time.perf_counter()
+                tokens_per_s = window_tokens / max(now - window_start, 1e-9)
+                window_start, window_tokens = now, 0
+                row = {"step": self.step, "loss": result.loss, "lr": lr_at(self.step - 1, t),
+                       "grad_norm": result.grad_norm, "tokens_per_s": tokens_per_s, "step_time_s": step_time,
+                       "tokens": self.tokens_seen, "elapsed_s": now - run_start, "mem_gib": self.memory_gib()}
+                if self.scaler.enabled:
+                    row.update(loss_scale=self.scaler.scale, skipped_steps=self.scaler.skipped_steps)
+                self.metrics.write(row)
+                self.log(f"step {self.step:>6}/{t.max_steps} | loss {result.loss:.4f} | lr {row['lr']:.2e} | "
+                         f"grad_norm {result.grad_norm:.3f} | {tokens_per_s:,.0f} tok/s | "
+                         f"{step_time * 1000:.0f} ms/step", flush=True)
+            if t.eval_interval and t.eval_steps and (self.step % t.eval_interval == 0 or self.step == t.max_steps):
+                val_loss = self.evaluate()
+                self.metrics.write({"step": self.step, "val_loss": val_loss})
+                self.log(f"step {self.step:>6}/{t.max_steps} | val_loss {val_loss:.4f}", flush=True)
+        self.metrics.close()
+        self.log(f"llmtrain: done, {self.step} steps, {self.tokens_seen:,} tokens in "
+                 f"{time.perf_counter() - run_start:.1f} s", flush=True)
+
+    def _check_bad_step(self, result: StepResult) -> None:
+        if not result.skipped or self.scaler.enabled:
+            self.bad_steps = 0 if not result.skipped else self.bad_steps
+            return
+        self.bad_steps += 1
+        print(f"llmtrain: rank {self.rank}: step {self.step} had a non-finite loss/gradient "
+              f"(loss {result.loss}, grad_norm {result.grad_norm}); update skipped", flush=True)
+        if self.bad_steps >= self.cfg.train.max_bad_steps:
+            raise RuntimeError(f"{self.bad_steps} consecutive non-finite steps (train.max_bad_steps="
+                               f"{self.cfg.train.max_bad_steps}); stopping at step {self.step}")

@@ -1,0 +1,82 @@
+"""What torchrun runs on every rank: `python -m llmtrain.worker RUN_DIR`.
+
+Reads the frozen config from RUN_DIR/config.yaml, sends its own output to RUN_DIR/logs/rank{R}.log, initializes
+the process group (gloo on CPU, NCCL for CUDA tensors) and trains. RUN_DIR/logs/rank{R}.status records how the
+rank ended, so the launcher can name the rank that failed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from datetime import timedelta
+
+
+def _redirect_output(log_path: str) -> None:
+    """Point fds 1 and 2 at the rank's log, so tracebacks and native crashes land there too."""
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
+    sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+
+
+def _write_status(path: str, status: str, error: str | None = None) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump({"status": status, "error": error, "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))},
+                  f)
+    os.replace(tmp, path)
+
+
+def init_process_group(device_type: str, timeout_s: int) -> None:
+    import torch.distributed as dist
+
+    backend = "cpu:gloo,cuda:nccl" if device_type == "cuda" else "gloo"
+    dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m llmtrain.worker RUN_DIR", file=sys.stderr)
+        return 2
+    run_dir = os.path.abspath(argv[0])
+    rank = int(os.environ.get("RANK", 0))
+    logs = os.path.join(run_dir, "logs")
+    os.makedirs(logs, exist_ok=True)
+    _redirect_output(os.path.join(logs, f"rank{rank}.log"))
+    status_path = os.path.join(logs, f"rank{rank}.status")
+
+    import torch
+    import torch.distributed as dist
+
+    from llmtrain.config import load_run_config
+    from llmtrain.train.trainer import Trainer, resolve_device
+
+    try:
+        cfg = load_run_config(os.path.join(run_dir, "config.yaml"))
+        torch.manual_seed(cfg.train.seed)
+        device = resolve_device(cfg.device, int(os.environ.get("LOCAL_RANK", 0)))
+        init_process_group(device.type, cfg.launch.pg_timeout_s)
+        Trainer(cfg, run_dir, device).train()
+    except BaseException as e:  # noqa: BLE001 - every way out is recorded for the launcher
+        traceback.print_exc()
+        _write_status(status_path, "error", f"{type(e).__name__}: {e}")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # os._exit: skip interpreter teardown that can hang on a broken process group.
+        os._exit(1)
+    _write_status(status_path, "ok")
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
