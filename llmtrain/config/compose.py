@@ -31,22 +31,27 @@ def compose_config(overrides: Sequence[str] = (), config_dirs: Iterable[str] = (
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    search = []
+    dirs = []
     for d in config_dirs:
         path = Path(d).expanduser().resolve()
         if not path.is_dir():
             raise ConfigError("--config-dir", f"no such directory: {d}")
-        search.append(f"file://{path}")
+        dirs.append(path)
     hydra_overrides = list(overrides)
-    if search:
-        # User folders come first so their options shadow the built-in ones of the same name.
-        hydra_overrides.append("hydra.searchpath=[" + ",".join(search) + "]")
 
     GlobalHydra.instance().clear()
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             with initialize_config_dir(config_dir=str(builtin_config_dir()), version_base="1.3"):
+                # User folders go in front of the built-in one so their options shadow built-in ones of the
+                # same name (hydra.searchpath would only append them behind it).
+                loader = GlobalHydra.instance().config_loader()
+                search_path = loader.get_search_path()
+                for d in reversed(dirs):
+                    search_path.prepend("llmtrain-user", f"file://{d}")
+                if dirs:
+                    loader.repository.initialize_sources(search_path)
                 raw = compose(PRIMARY_CONFIG, overrides=hydra_overrides)
     except Exception as e:  # Hydra raises several types; all become one line naming the override
         raise _hydra_error(e, overrides) from None

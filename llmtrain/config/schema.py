@@ -18,6 +18,8 @@ class ModelConfig:
     d_model: int = 128
     vocab_size: int = 256
     seq_len: int = 128
+    # Per-head width; null = d_model / n_heads. GPT-3 1.3B's table has 24 heads of 128 with d_model 2048.
+    head_dim: Optional[int] = None
     dropout: float = 0.0
     init_std: float = 0.02
     # A Hugging Face GPT-2 folder or safetensors export to start from (issue 4); null = random init.

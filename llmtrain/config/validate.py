@@ -51,8 +51,11 @@ def validate(cfg: DictConfig) -> None:
 def _validate_model(cfg: DictConfig) -> None:
     m = cfg.model
     _positive(cfg, "model.n_layers", "model.n_heads", "model.d_model", "model.vocab_size", "model.seq_len")
-    _require(m.d_model % m.n_heads == 0, "model.d_model",
-             f"d_model={m.d_model} must be divisible by model.n_heads={m.n_heads}")
+    if m.head_dim is None:
+        _require(m.d_model % m.n_heads == 0, "model.d_model",
+                 f"d_model={m.d_model} must be divisible by model.n_heads={m.n_heads} (or set model.head_dim)")
+    else:
+        _positive(cfg, "model.head_dim")
     _require(0.0 <= m.dropout < 1.0, "model.dropout", f"must be in [0, 1) (got {m.dropout})")
     _require(m.init_std > 0, "model.init_std", f"must be > 0 (got {m.init_std})")
 

@@ -22,22 +22,28 @@ class GPTArgs:
     d_model: int
     vocab_size: int
     seq_len: int
+    head_dim: int | None = None  # None = d_model // n_heads
     dropout: float = 0.0
+
+    @property
+    def attn_dim(self) -> int:
+        return self.n_heads * (self.head_dim or self.d_model // self.n_heads)
 
     @classmethod
     def from_config(cls, model_cfg) -> "GPTArgs":
         return cls(n_layers=model_cfg.n_layers, n_heads=model_cfg.n_heads, d_model=model_cfg.d_model,
-                   vocab_size=model_cfg.vocab_size, seq_len=model_cfg.seq_len, dropout=model_cfg.dropout)
+                   vocab_size=model_cfg.vocab_size, seq_len=model_cfg.seq_len, head_dim=model_cfg.head_dim,
+                   dropout=model_cfg.dropout)
 
 
 class Attention(nn.Module):
     def __init__(self, args: GPTArgs):
         super().__init__()
-        self.head_dim = args.d_model // args.n_heads
-        self.q = nn.Linear(args.d_model, args.d_model)
-        self.k = nn.Linear(args.d_model, args.d_model)
-        self.v = nn.Linear(args.d_model, args.d_model)
-        self.proj = nn.Linear(args.d_model, args.d_model)
+        self.head_dim = args.attn_dim // args.n_heads
+        self.q = nn.Linear(args.d_model, args.attn_dim)
+        self.k = nn.Linear(args.d_model, args.attn_dim)
+        self.v = nn.Linear(args.d_model, args.attn_dim)
+        self.proj = nn.Linear(args.attn_dim, args.d_model)
         self.dropout = args.dropout
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -38,8 +38,8 @@ class ParallelModel:
         self.num_stages = num_stages
         self.tied_group = tied_group
         self.pipeline_loss_scale = 1.0
-        self.has_first_stage = pipeline is None or 0 in self.stage_ids
-        self.has_last_stage = pipeline is None or (num_stages - 1) in self.stage_ids
+        self.has_first_stage = num_stages == 1 or 0 in self.stage_ids
+        self.has_last_stage = num_stages == 1 or (num_stages - 1) in self.stage_ids
 
     def named_parameters(self):
         seen = set()
@@ -59,7 +59,7 @@ class ParallelModel:
         return [p for name, p in self.named_parameters() if not self._is_tied_copy(name)]
 
     def _is_tied_copy(self, name: str) -> bool:
-        return name == TIED_COPY and self.pipeline is not None
+        return name == TIED_COPY and self.num_stages > 1
 
     def loss_context(self):
         return loss_parallel() if self.dims.tp > 1 else contextlib.nullcontext()

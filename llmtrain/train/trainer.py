@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from omegaconf import DictConfig
+from torch.distributed.tensor import DTensor
 
 from llmtrain.data import SampleStream, build_dataset
 from llmtrain.parallel.build import ParallelModel, build_parallel_model
@@ -33,6 +34,11 @@ def resolve_device(name: str, local_rank: int) -> torch.device:
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
     return torch.device("cpu")
+
+
+def plain(t: torch.Tensor) -> torch.Tensor:
+    """A loss computed under loss_parallel is a replicated DTensor; logging wants a plain tensor."""
+    return t.full_tensor() if isinstance(t, DTensor) else t
 
 
 @dataclass
@@ -102,7 +108,7 @@ class Trainer:
                     logits = model(x)
                 loss = self.loss_fn(logits, y)
                 self.scaler.scale_loss(loss / self.accum).backward()
-            total += loss.detach()
+            total += plain(loss.detach())
         return total / self.accum
 
     def _pipeline_forward_backward(self) -> torch.Tensor:
@@ -117,7 +123,7 @@ class Trainer:
             else:
                 self.model.pipeline.step(target=y, losses=losses)
         if self.model.has_last_stage:
-            return torch.stack([loss.detach().float() for loss in losses]).mean() / scale
+            return torch.stack([plain(loss.detach()).float() for loss in losses]).mean() / scale
         return torch.zeros((), device=self.device)
 
     def train_step(self) -> StepResult:
@@ -150,21 +156,23 @@ class Trainer:
     # ---- evaluation ----------------------------------------------------------------------------------------------
     @torch.no_grad()
     def evaluate(self) -> float:
+        """Mean loss over train.eval_steps global batches of the validation split (same samples in any layout)."""
         for part in self.model.parts:
             part.eval()
         total = torch.zeros((), device=self.device)
         for i in range(self.cfg.train.eval_steps):
+            batches = [self._batch("val", i, m) for m in range(self.accum)]
             if self.model.pipeline is not None:
-                total += self._pipeline_eval(i)
+                total += self._pipeline_eval(batches)
                 continue
-            x, y = self._batch("val", i, 0)
-            with self.model.loss_context(), self.autocast():
-                total += self.loss_fn(self.model.parts[0](x), y).float()
+            for x, y in batches:
+                with self.model.loss_context(), self.autocast():
+                    total += plain(self.loss_fn(self.model.parts[0](x), y)).float() / self.accum
         return self.global_mean_loss(total / max(1, self.cfg.train.eval_steps))
 
-    def _pipeline_eval(self, i: int) -> torch.Tensor:
-        xs, ys = zip(*(self._batch("val", i * self.accum + m, 0) for m in range(self.accum)))
-        x, y = torch.cat(xs), torch.cat(ys)
+    def _pipeline_eval(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        x = torch.cat([b[0] for b in batches])
+        y = torch.cat([b[1] for b in batches])
         losses: list[torch.Tensor] = []
         self.model.pipeline_loss_scale = 1.0
         with self.model.loss_context(), self.autocast():
@@ -173,7 +181,7 @@ class Trainer:
             else:
                 self.model.pipeline.eval(target=y, losses=losses)
         if self.model.has_last_stage:
-            return torch.stack([loss.float() for loss in losses]).mean()
+            return torch.stack([plain(loss).float() for loss in losses]).mean()
         return torch.zeros((), device=self.device)
 
     # ---- the loop ------------------------------------------------------------------------------------------------

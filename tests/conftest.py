@@ -1,0 +1,74 @@
+"""Shared test setup: one thread per process, a per-session data cache, and helpers that run the real CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+os.environ["OMP_NUM_THREADS"] = "1"
+REPO = Path(__file__).resolve().parents[1]
+
+# Small, fast model shared by the multi-process tests: 4 layers, width 64, byte-level stdlib text.
+SMALL = ["model.d_model=64", "model.seq_len=64", "train.log_interval=1", "train.eval_interval=0",
+         "train.warmup_steps=2", "launch.pg_timeout_s=120"]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _data_cache(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("llmtrain-cache")
+    os.environ["LLMTRAIN_CACHE"] = str(cache)
+    yield cache
+
+
+def run_cli(args: list[str], cwd: Path | str | None = None, timeout: float = 600, env: dict | None = None):
+    full_env = dict(os.environ, **(env or {}))
+    return subprocess.run([sys.executable, "-m", "llmtrain", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env=full_env)
+
+
+def read_rows(run_dir: Path) -> list[dict]:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def train_losses(run_dir: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in read_rows(run_dir) if "loss" in r}
+
+
+def launch(run_dir: Path, *overrides: str, timeout: float = 600):
+    """Run `llmtrain launch` to completion; assert it succeeded; return the metrics rows."""
+    result = run_cli(["launch", f"run.dir={run_dir}", *overrides], timeout=timeout)
+    assert result.returncode == 0, f"launch failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    return read_rows(run_dir)
+
+
+def worker_processes(run_dir: Path) -> list[psutil.Process]:
+    """Live processes started for this run (torchrun agents and workers mention the run dir)."""
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            cmd = " ".join(p.info["cmdline"] or [])
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if str(run_dir) in cmd and ("llmtrain.worker" in cmd or "torch.distributed.run" in cmd):
+            found.append(p)
+    return found
+
+
+def wait_for(predicate, timeout: float, interval: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    return predicate()

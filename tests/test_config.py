@@ -1,0 +1,120 @@
+"""Composition, overrides and validation: every bad input is one line naming the key, exit 2, nothing started."""
+
+from __future__ import annotations
+
+import pytest
+from omegaconf import OmegaConf
+
+from llmtrain.cli import main
+from llmtrain.config import ConfigError, compose_config, validate
+
+
+def compose(*overrides, config_dirs=()):
+    cfg = compose_config(list(overrides), config_dirs)
+    validate(cfg)
+    return cfg
+
+
+def test_defaults_compose_to_the_embedded_default():
+    cfg = compose()
+    assert cfg.model.name == "gpt-tiny" and cfg.data.name == "stdlib" and cfg.cluster.name == "local"
+    assert (cfg.model.n_layers, cfg.model.n_heads, cfg.model.d_model, cfg.model.vocab_size) == (4, 4, 128, 256)
+    # dp defaults to world / (tp * pp)
+    assert cfg.parallel.dp == cfg.cluster.nnodes * cfg.cluster.nproc_per_node == 2
+
+
+@pytest.mark.parametrize("name,layers,width,heads", [
+    ("gpt-125m", 12, 768, 12), ("gpt-350m", 24, 1024, 16), ("gpt-760m", 24, 1536, 16),
+    ("gpt-1.3b", 24, 2048, 24), ("gpt-2.7b", 32, 2560, 32), ("gpt-6.7b", 32, 4096, 32),
+    ("gpt-13b", 40, 5120, 40), ("gpt-175b", 96, 12288, 96)])
+def test_gpt3_paper_sizes(name, layers, width, heads):
+    cfg = compose(f"model={name}")
+    assert (cfg.model.n_layers, cfg.model.d_model, cfg.model.n_heads) == (layers, width, heads)
+    assert cfg.model.vocab_size == 50257 and cfg.model.seq_len == 2048
+
+
+def test_group_and_key_overrides_and_dp_default():
+    cfg = compose("model=gpt-125m", "parallel.tp=2", "parallel.pp=2", "cluster.nproc_per_node=8",
+                  "precision=bf16", "model.vocab_size=50304", "train.global_batch_size=32")
+    assert cfg.parallel.dp == 2 and cfg.precision.compute_dtype == "bfloat16"
+    assert cfg.model.vocab_size == 50304
+
+
+def test_plus_and_tilde_overrides():
+    cfg = compose("+env.NCCL_DEBUG=INFO", "network=infiniband")
+    assert cfg.env.NCCL_DEBUG == "INFO" and cfg.network.env.NCCL_IB_DISABLE == "0"
+    cfg = compose("~network.env.NCCL_IB_HCA", "network=infiniband")
+    assert "NCCL_IB_HCA" not in cfg.network.env
+    # Deleting a whole group-selected section falls back to the schema's defaults.
+    cfg = compose("~train")
+    assert cfg.train.max_steps == 300
+
+
+def test_user_config_dir_adds_and_shadows_options(tmp_path):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "my-gpt.yaml").write_text(
+        "name: my-gpt\nn_layers: 2\nn_heads: 2\nd_model: 32\nvocab_size: 256\nseq_len: 32\n")
+    (tmp_path / "network").mkdir()
+    (tmp_path / "network" / "ethernet.yaml").write_text("name: ethernet\nenv:\n  NCCL_SOCKET_IFNAME: eth7\n")
+    cfg = compose("model=my-gpt", "network=ethernet", config_dirs=[str(tmp_path)])
+    assert cfg.model.d_model == 32 and cfg.run.name == "my-gpt"
+    assert dict(cfg.network.env) == {"NCCL_SOCKET_IFNAME": "eth7"}
+
+
+def test_config_command_prints_resolved_yaml(capsys):
+    assert main(["config", "model=gpt-350m", "run.name=x"]) == 0
+    cfg = OmegaConf.create(capsys.readouterr().out)
+    assert cfg.model.n_layers == 24 and cfg.run.dir == "runs/x"
+
+
+BAD_INPUTS = [
+    (["model.n_layer=3"], "model.n_layer"),                                   # typo'd key
+    (["+model.n_layer=3"], "model.n_layer"),                                  # added key not in the schema
+    (["train.lr=fast"], "train.lr"),                                          # wrong type
+    (["parallel.tp=two"], "parallel.tp"),                                     # wrong type
+    (["model=gpt-9b"], "model"),                                              # missing group option
+    (["precision=fp8"], "precision"),                                         # missing group option
+    (["parallel.tp=3", "cluster.nproc_per_node=3"], "parallel.tp"),           # tp does not divide heads
+    (["model.d_model=130"], "model.d_model"),                                 # width not divisible by heads
+    (["train.global_batch_size=12"], "train.global_batch_size"),              # batch arithmetic (8 x 2)
+    (["parallel.dp=4"], "parallel.dp"),                                       # world size mismatch
+    (["parallel.pp=2", "model.n_layers=3"], "parallel.pp"),                   # layers by pp
+    (["data=memmap", "data.path=/nonexistent/tokens.bin"], "data.path"),      # missing data file
+    (["data=memmap"], "data.path"),                                           # required path not given
+    (["train.max_steps=0"], "train.max_steps"),                               # positive sizes
+    (["device=tpu"], "device"),
+    (["parallel.zero=1"], "parallel.zero"),
+    (["parallel.pp=2", "parallel.pp_schedule=interleaved_1f1b"], "parallel.virtual_stages"),
+    (["parallel.pp=2", "parallel.pp_layers=[1,2]"], "parallel.pp_layers"),
+    (["model=gpt-125m", "parallel.tp=2"], "model.vocab_size"),               # vocab not divisible by tp
+    (["--config-dir", "/nonexistent/configs"], "--config-dir"),
+    (["train.lr=="], "override"),                                             # unparsable override
+]
+
+
+@pytest.mark.parametrize("overrides,key", BAD_INPUTS, ids=[k + ":" + " ".join(o) for o, k in BAD_INPUTS])
+def test_bad_input_is_one_line_naming_the_key(overrides, key, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    run_dir = tmp_path / "run"
+    code = main(["launch", f"run.dir={run_dir}", *overrides])
+    err = capsys.readouterr().err
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"llmtrain: error: {key}:"), lines[0]
+    assert not run_dir.exists() and not (tmp_path / "runs").exists()
+
+
+def test_bad_input_from_the_real_binary_exits_2_without_traceback(tmp_path):
+    from conftest import run_cli
+
+    result = run_cli(["launch", "parallel.tp=3", f"run.dir={tmp_path / 'r'}"])
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0 and "Traceback" not in result.stderr
+    assert "parallel.tp" in result.stderr and not (tmp_path / "r").exists()
+
+
+def test_config_error_carries_key():
+    with pytest.raises(ConfigError) as info:
+        compose("train.micro_batch_size=-1")
+    assert info.value.key == "train.micro_batch_size"

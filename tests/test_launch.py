@@ -1,0 +1,103 @@
+"""`llmtrain launch` end to end: DP parity, failures named by rank, no process left behind, --dry-run."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+import psutil
+import pytest
+from conftest import SMALL, launch, read_rows, run_cli, train_losses, wait_for, worker_processes
+
+pytestmark = pytest.mark.slow
+PARITY = SMALL + ["train.max_steps=10", "train.global_batch_size=8", "train.micro_batch_size=2"]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """One process, gradient accumulation over the whole global batch."""
+    run_dir = tmp_path_factory.mktemp("ref") / "run"
+    launch(run_dir, *PARITY, "cluster.nproc_per_node=1")
+    return train_losses(run_dir)
+
+
+def test_dp2_matches_one_process(reference, tmp_path):
+    losses = train_losses(tmp_path / "dp2") if launch(tmp_path / "dp2", *PARITY) else {}
+    assert sorted(losses) == list(range(1, 11))
+    diff = max(abs(losses[s] - reference[s]) for s in reference)
+    assert diff <= 1e-5, f"DP2 vs 1 process: max |loss diff| = {diff}"
+    # The loss actually moves: parity of a constant would prove nothing.
+    assert reference[10] < reference[1] - 0.3
+
+
+def test_run_directory_layout(reference, tmp_path):
+    run_dir = tmp_path / "run"
+    rows = launch(run_dir, *SMALL, "train.max_steps=4", "train.eval_interval=2", "train.eval_steps=1")
+    assert (run_dir / "config.yaml").is_file()
+    assert {p.name for p in (run_dir / "logs").iterdir()} >= {"rank0.log", "rank1.log", "node0.log",
+                                                               "rank0.status", "rank1.status"}
+    train = [r for r in rows if "loss" in r]
+    assert [r["step"] for r in train] == [1, 2, 3, 4]
+    for key in ("step", "loss", "lr", "grad_norm", "tokens_per_s"):
+        assert all(isinstance(r[key], (int, float)) for r in train), key
+    assert [r["step"] for r in rows if "val_loss" in r] == [2, 4]
+    assert "step      4/4" in (run_dir / "logs" / "rank0.log").read_text()
+
+
+def test_dry_run_starts_nothing(tmp_path):
+    run_dir = tmp_path / "run"
+    result = run_cli(["launch", "--dry-run", f"run.dir={run_dir}", "parallel.tp=2", "cluster.nproc_per_node=2"])
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "torch.distributed.run" in out and "--nproc-per-node=2" in out and "llmtrain.worker" in out
+    assert "OMP_NUM_THREADS=" in out and "rank layout" in out
+    assert "tp: 2" in out  # the resolved config
+    assert not run_dir.exists() and not worker_processes(run_dir)
+
+
+def _start_launch(run_dir, *overrides):
+    return subprocess.Popen([sys.executable, "-m", "llmtrain", "launch", f"run.dir={run_dir}", *overrides],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _worker_of_rank(run_dir, rank: int):
+    for p in worker_processes(run_dir):
+        try:
+            if "llmtrain.worker" in " ".join(p.cmdline()) and p.environ().get("RANK") == str(rank):
+                return p
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return None
+
+
+def test_crashed_rank_is_named_and_nothing_is_left(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = _start_launch(run_dir, *SMALL, "train.max_steps=100000")
+    try:
+        assert wait_for(lambda: read_rows(run_dir), timeout=120), "training never started"
+        victim = _worker_of_rank(run_dir, 1)
+        assert victim is not None
+        victim.kill()  # SIGKILL: a rank dying without a word
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode not in (0, None)
+    assert "rank 1 (node 0, local rank 1) failed" in out, out[-2000:]
+    assert wait_for(lambda: not worker_processes(run_dir), timeout=30), worker_processes(run_dir)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupt_stops_every_process(tmp_path, sig):
+    run_dir = tmp_path / "run"
+    proc = _start_launch(run_dir, *SMALL, "train.max_steps=100000")
+    try:
+        assert wait_for(lambda: read_rows(run_dir), timeout=120), "training never started"
+        assert len(worker_processes(run_dir)) >= 3  # agent + 2 workers
+        proc.send_signal(sig)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, out[-2000:]
+    assert "interrupted" in out
+    assert wait_for(lambda: not worker_processes(run_dir), timeout=30), worker_processes(run_dir)
