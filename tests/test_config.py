@@ -21,6 +21,12 @@ def test_defaults_compose_to_the_embedded_default():
     assert (cfg.model.n_layers, cfg.model.n_heads, cfg.model.d_model, cfg.model.vocab_size) == (4, 4, 128, 256)
     # dp defaults to world / (tp * pp)
     assert cfg.parallel.dp == cfg.cluster.nnodes * cfg.cluster.nproc_per_node == 2
+    assert cfg.train.global_batch_size == 16  # micro 8 x dp 2
+
+
+def test_global_batch_default_fills_the_pipeline():
+    cfg = compose("model=gpt-1.3b", "parallel.tp=2", "parallel.pp=2", "cluster.nproc_per_node=8")
+    assert (cfg.parallel.dp, cfg.train.global_batch_size) == (2, 8 * 2 * 4)
 
 
 @pytest.mark.parametrize("name,layers,width,heads", [
@@ -77,6 +83,7 @@ BAD_INPUTS = [
     (["parallel.tp=3", "cluster.nproc_per_node=3"], "parallel.tp"),           # tp does not divide heads
     (["model.d_model=130"], "model.d_model"),                                 # width not divisible by heads
     (["train.global_batch_size=12"], "train.global_batch_size"),              # batch arithmetic (8 x 2)
+    (["parallel.pp=2", "train.global_batch_size=8"], "train.global_batch_size"),  # 1 micro-batch < pp
     (["parallel.dp=4"], "parallel.dp"),                                       # world size mismatch
     (["parallel.pp=2", "model.n_layers=3"], "parallel.pp"),                   # layers by pp
     (["data=memmap", "data.path=/nonexistent/tokens.bin"], "data.path"),      # missing data file
@@ -86,7 +93,8 @@ BAD_INPUTS = [
     (["parallel.zero=1"], "parallel.zero"),
     (["parallel.pp=2", "parallel.pp_schedule=interleaved_1f1b"], "parallel.virtual_stages"),
     (["parallel.pp=2", "parallel.pp_layers=[1,2]"], "parallel.pp_layers"),
-    (["model=gpt-125m", "parallel.tp=2"], "model.vocab_size"),               # vocab not divisible by tp
+    (["model.vocab_size=255", "model.vocab_pad_multiple=5", "parallel.tp=2"],
+     "model.vocab_pad_multiple"),                                             # padded vocab not divisible by tp
     (["--config-dir", "/nonexistent/configs"], "--config-dir"),
     (["train.lr=="], "override"),                                             # unparsable override
 ]
@@ -96,7 +104,8 @@ BAD_INPUTS = [
 def test_bad_input_is_one_line_naming_the_key(overrides, key, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     run_dir = tmp_path / "run"
-    code = main(["launch", f"run.dir={run_dir}", *overrides])
+    # max_steps=1 first: should a rule be missing, the job that starts is short (and the test fails on its exit code).
+    code = main(["launch", f"run.dir={run_dir}", "train.max_steps=1", *overrides])
     err = capsys.readouterr().err
     assert code == 2
     lines = err.strip().splitlines()

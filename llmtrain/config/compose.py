@@ -77,6 +77,11 @@ def _fill_defaults(cfg: DictConfig) -> None:
     p = cfg.parallel
     if p.dp is None and p.tp > 0 and p.pp > 0 and world % (p.tp * p.pp) == 0:
         p.dp = world // (p.tp * p.pp)
+    t = cfg.train
+    if t.global_batch_size is None and p.dp is not None:
+        # With a pipeline, 2 micro-batches per stage keep the 1F1B bubble at (pp-1)/(m+pp-1) <= 1/3.
+        accum = 2 * p.pp * p.virtual_stages if p.pp > 1 else 1
+        t.global_batch_size = t.micro_batch_size * p.dp * accum
 
 
 def load_run_config(path: str | os.PathLike) -> DictConfig:

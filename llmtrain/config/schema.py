@@ -17,6 +17,10 @@ class ModelConfig:
     n_heads: int = 4
     d_model: int = 128
     vocab_size: int = 256
+    # Embedding rows are vocab_size rounded up to this multiple (50257 -> 50304): tensor parallel can split them
+    # for any power-of-two tp up to the multiple, the matmuls get friendlier shapes, and the shape does not
+    # depend on the layout. The extra ids never occur in data. 1 = no padding.
+    vocab_pad_multiple: int = 128
     seq_len: int = 128
     # Per-head width; null = d_model / n_heads. GPT-3 1.3B's table has 24 heads of 128 with d_model 2048.
     head_dim: Optional[int] = None
@@ -47,7 +51,8 @@ class ParallelConfig:
 class TrainConfig:
     max_steps: int = 300
     micro_batch_size: int = 8
-    global_batch_size: int = 16
+    # Samples per optimizer step; null = micro_batch_size x dp x (1, or 2 x pp x virtual_stages with a pipeline).
+    global_batch_size: Optional[int] = None
     lr: float = 1.0e-3
     min_lr: float = 1.0e-4
     warmup_steps: int = 20

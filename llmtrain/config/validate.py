@@ -6,6 +6,12 @@ from omegaconf import DictConfig
 
 from llmtrain.config.errors import ConfigError
 
+
+def padded_vocab_size(model_cfg) -> int:
+    """Embedding rows: vocab_size rounded up to model.vocab_pad_multiple."""
+    m = model_cfg.vocab_pad_multiple
+    return -(-model_cfg.vocab_size // m) * m
+
 DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("fp32", "bf16", "fp16")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -50,7 +56,8 @@ def validate(cfg: DictConfig) -> None:
 
 def _validate_model(cfg: DictConfig) -> None:
     m = cfg.model
-    _positive(cfg, "model.n_layers", "model.n_heads", "model.d_model", "model.vocab_size", "model.seq_len")
+    _positive(cfg, "model.n_layers", "model.n_heads", "model.d_model", "model.vocab_size", "model.seq_len",
+              "model.vocab_pad_multiple")
     if m.head_dim is None:
         _require(m.d_model % m.n_heads == 0, "model.d_model",
                  f"d_model={m.d_model} must be divisible by model.n_heads={m.n_heads} (or set model.head_dim)")
@@ -75,9 +82,10 @@ def _validate_parallel(cfg: DictConfig) -> None:
 
     _require(m.n_heads % p.tp == 0, "parallel.tp", f"tp={p.tp} must divide model.n_heads={m.n_heads}")
     _require(m.d_model % p.tp == 0, "parallel.tp", f"tp={p.tp} must divide model.d_model={m.d_model}")
-    _require(m.vocab_size % p.tp == 0, "model.vocab_size",
-             f"vocab_size={m.vocab_size} must be divisible by parallel.tp={p.tp} "
-             f"(pad it: model.vocab_size={-(-m.vocab_size // p.tp) * p.tp})")
+    padded = padded_vocab_size(m)
+    _require(padded % p.tp == 0, "model.vocab_pad_multiple",
+             f"the padded vocabulary ({m.vocab_size} rounded up to a multiple of {m.vocab_pad_multiple} = "
+             f"{padded}) must be divisible by parallel.tp={p.tp}; use a vocab_pad_multiple divisible by tp")
     if p.sequence_parallel:
         _require(m.seq_len % p.tp == 0, "parallel.sequence_parallel",
                  f"sequence parallel needs model.seq_len={m.seq_len} divisible by parallel.tp={p.tp}")

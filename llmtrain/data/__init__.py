@@ -6,10 +6,22 @@
 - `prepare_corpus(...)` writes nanoGPT-style token files plus a `FILE.json` meta sidecar.
 """
 
-from .corpus import ensure_stdlib_corpus, prepare_corpus, read_token_meta
-from .datasets import MemmapDataset, SyntheticDataset, TokenDataset, build_dataset
-from .errors import DataError
-from .sampling import SampleStream, batch_indices, get_batch
+import importlib
+
+# Loaded on first use: the CLI needs DataError and the prepare arguments without paying for `import torch`.
+_HOME = {
+    "ensure_stdlib_corpus": "corpus", "prepare_corpus": "corpus", "read_token_meta": "corpus",
+    "MemmapDataset": "datasets", "SyntheticDataset": "datasets", "TokenDataset": "datasets",
+    "build_dataset": "datasets", "DataError": "errors", "SampleStream": "sampling", "batch_indices": "sampling",
+    "get_batch": "sampling",
+}
+
+
+def __getattr__(name: str):
+    if name in _HOME:
+        return getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "DataError",

@@ -17,6 +17,8 @@ from torch import nn
 
 @dataclass
 class GPTArgs:
+    """vocab_size here is the number of embedding rows (the config's vocabulary after padding)."""
+
     n_layers: int
     n_heads: int
     d_model: int
@@ -31,8 +33,10 @@ class GPTArgs:
 
     @classmethod
     def from_config(cls, model_cfg) -> "GPTArgs":
+        from llmtrain.config.validate import padded_vocab_size
+
         return cls(n_layers=model_cfg.n_layers, n_heads=model_cfg.n_heads, d_model=model_cfg.d_model,
-                   vocab_size=model_cfg.vocab_size, seq_len=model_cfg.seq_len, head_dim=model_cfg.head_dim,
+                   vocab_size=padded_vocab_size(model_cfg), seq_len=model_cfg.seq_len, head_dim=model_cfg.head_dim,
                    dropout=model_cfg.dropout)
 
 

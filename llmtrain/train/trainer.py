@@ -196,6 +196,10 @@ class Trainer:
         self.log(f"llmtrain: {self.model.describe()}; layout dp={self.dims.dp} tp={self.dims.tp} "
                  f"pp={self.dims.pp} zero={self.dims.zero}; {t.max_steps} steps of {t.global_batch_size} x "
                  f"{m.seq_len} tokens ({self.accum} micro-batches of {t.micro_batch_size} per dp rank)", flush=True)
+        padded = self.model.parts[0].args.vocab_size if hasattr(self.model.parts[0], "args") else m.vocab_size
+        if padded != m.vocab_size:
+            self.log(f"llmtrain: vocabulary padded {m.vocab_size} -> {padded} rows "
+                     f"(model.vocab_pad_multiple={m.vocab_pad_multiple})", flush=True)
         window_start, window_tokens = time.perf_counter(), 0
         run_start = time.perf_counter()
         while self.step < t.max_steps:

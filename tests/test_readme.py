@@ -1,0 +1,55 @@
+"""The README's commands run as written: help texts, override examples (as dry runs), validation examples."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+from conftest import REPO, run_cli
+
+README = (REPO / "README.md").read_text()
+
+
+def readme_commands(prefix: str) -> list[str]:
+    blocks = re.findall(r"```bash\n(.*?)```", README, re.S)
+    lines = [ln.split("#")[0].strip() for block in blocks for ln in block.splitlines()]
+    return [ln for ln in lines if ln.startswith(prefix)]
+
+
+@pytest.mark.parametrize("args", [[], ["launch"], ["config"], ["data"], ["data", "prepare"]])
+def test_help(args):
+    result = run_cli([*args, "--help"])
+    assert result.returncode == 0 and "usage: llmtrain" in result.stdout
+    if args[:1] in (["launch"], ["config"]):
+        assert "group=option" in result.stdout and "--config-dir" in result.stdout
+
+
+def test_readme_override_examples_resolve(tmp_path):
+    home = tmp_path / "home"
+    (home / "my-configs" / "model").mkdir(parents=True)
+    (home / "my-configs" / "model" / "my-gpt.yaml").write_text(
+        "name: my-gpt\nn_layers: 2\nn_heads: 2\nd_model: 32\nvocab_size: 256\nseq_len: 32\n")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.txt").write_text("hello llmtrain\n" * 200)
+    prepared = run_cli(["data", "prepare", "--input", "docs", "--output", "data/train.bin"], cwd=tmp_path)
+    assert prepared.returncode == 0, prepared.stderr
+    commands = readme_commands("llmtrain launch ")
+    assert len(commands) >= 5
+    for command in commands:
+        args = [a.replace("~/", f"{home}/") for a in shlex.split(command)[1:]]
+        result = run_cli([args[0], "--dry-run", *args[1:]], cwd=tmp_path, env={"HOME": str(home)})
+        assert result.returncode == 0, f"{command}: {result.stderr}"
+        assert "llmtrain.worker" in result.stdout
+        assert not (tmp_path / "runs").exists()
+
+
+def test_readme_validation_examples():
+    examples = re.findall(r"^\$ (llmtrain .*)\n(llmtrain: error: [^\n]*)$", README, re.M)
+    assert len(examples) >= 3
+    for command, message in examples:
+        result = run_cli(shlex.split(command)[1:])
+        assert result.returncode == 2
+        expected = message.split("...")[0]
+        assert result.stderr.strip().startswith(expected), (command, result.stderr)
