@@ -26,11 +26,11 @@ def _redirect_output(log_path: str) -> None:
     sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
 
 
-def _write_status(path: str, status: str, error: str | None = None) -> None:
+def _write_status(path: str, status: str, error: str | None = None, **extra) -> None:
     tmp = f"{path}.tmp"
     with open(tmp, "w") as f:
-        json.dump({"status": status, "error": error, "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))},
-                  f)
+        json.dump({"status": status, "error": error,
+                   "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)), **extra}, f)
     os.replace(tmp, path)
 
 
@@ -64,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.manual_seed(cfg.train.seed)
         device = resolve_device(cfg.device, int(os.environ.get("LOCAL_RANK", 0)))
         init_process_group(device.type, cfg.launch.pg_timeout_s)
-        Trainer(cfg, run_dir, device).train()
+        trainer = Trainer(cfg, run_dir, device)
+        trainer.train()
     except BaseException as e:  # noqa: BLE001 - every way out is recorded for the launcher
         traceback.print_exc()
         _write_status(status_path, "error", f"{type(e).__name__}: {e}")
@@ -72,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.flush()
         # os._exit: skip interpreter teardown that can hang on a broken process group.
         os._exit(1)
-    _write_status(status_path, "ok")
+    _write_status(status_path, "ok", state_bytes=trainer.state_bytes)
     if dist.is_initialized():
         dist.destroy_process_group()
     return 0

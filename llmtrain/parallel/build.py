@@ -76,6 +76,11 @@ class ParallelModel:
         if self.tied_group is None:
             return
         tied = [p for name, p in self.named_parameters() if name in (TIED_SOURCE, TIED_COPY)]
+        for p in tied:
+            # A DTensor grad may come back in another placement than its parameter (e.g. Partial); both ends
+            # must hold the same shard before their local tensors are added.
+            if isinstance(p.grad, DTensor) and p.grad.placements != p.placements:
+                p.grad = p.grad.redistribute(p.device_mesh, p.placements)
         local = [_local(p.grad) for p in tied if p.grad is not None]
         if len(local) == 2:  # both ends on this rank (V-shaped schedules)
             total = local[0] + local[1]
@@ -142,10 +147,17 @@ def _tied_group(mesh: Meshes, dims: ParallelDims, pp) -> dist.ProcessGroup | Non
     last = pp_lib.stage_owner(num_stages - 1, dims.pp, pp.virtual_stages, pp.pp_schedule)
     if first == last:
         return _SAME_RANK
-    pp_ranks = mesh.pp.mesh.tolist()  # global ranks of this rank's pp group, by pp index
-    if mesh.pp.get_local_rank() not in (first, last):
-        return None
-    return dist.new_group([pp_ranks[first], pp_ranks[last]], use_local_synchronization=True)
+    # Every rank creates every pair's group, in the same order (new_group's contract); each keeps its own.
+    world = mesh.world.mesh  # global ranks, shape (dp_replicate, dp_shard, pp, tp)
+    mine = None
+    for r in range(world.shape[0]):
+        for s in range(world.shape[1]):
+            for t in range(world.shape[3]):
+                pair = [int(world[r, s, first, t]), int(world[r, s, last, t])]
+                group = dist.new_group(pair)
+                if dist.get_rank() in pair:
+                    mine = group
+    return mine
 
 
 class _SameRank:

@@ -73,6 +73,7 @@ class Trainer:
         self.step = 0
         self.tokens_seen = 0
         self.bad_steps = 0
+        self.state_bytes: dict[str, int] = {}
         is_logger = self.rank == 0
         self.metrics = MetricsWriter(os.path.join(run_dir, "metrics.jsonl") if is_logger else None)
         self.log = print if is_logger else (lambda *a, **k: None)
@@ -140,6 +141,8 @@ class Trainer:
         if not bad:
             set_lr(self.optimizer, lr_at(self.step, self.cfg.train))
             self.optimizer.step()
+        if self.step == 0:
+            self.state_bytes = self.local_state_bytes()
         self.scaler.update(overflow)
         self.optimizer.zero_grad(set_to_none=True)
         return StepResult(loss=self.global_mean_loss(local_loss), grad_norm=grad_norm_value, skipped=bad)
@@ -152,6 +155,23 @@ class Trainer:
         if self.dims.dp > 1:
             dist.all_reduce(loss, op=dist.ReduceOp.AVG, group=self.dp_group)
         return float(loss)
+
+    def local_state_bytes(self) -> dict[str, int]:
+        """Bytes of parameters, gradients and optimizer state held by this rank (shards only), measured after
+        the first optimizer step; the sharding tests and the planner check against these."""
+        def nbytes(t) -> int:
+            t = t.to_local() if isinstance(t, DTensor) else t
+            return t.numel() * t.element_size()
+
+        named = list(self.model.named_parameters())
+        state = self.optimizer.state
+        return {
+            "params": sum(nbytes(p) for _, p in named),
+            "grads": sum(nbytes(p.grad) for _, p in named if p.grad is not None),
+            "optimizer": sum(nbytes(v) for _, p in named for v in state.get(p, {}).values()
+                             if torch.is_tensor(v) and v.dim() > 0),
+            "block_matrix_params": sum(nbytes(p) for n, p in named if n.startswith("layers.") and p.dim() == 2),
+        }
 
     # ---- evaluation ----------------------------------------------------------------------------------------------
     @torch.no_grad()

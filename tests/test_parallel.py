@@ -1,0 +1,117 @@
+"""Hybrid parallelism: every layout trains the same model as one process (fp32, CPU + gloo).
+
+Each layout runs 10 steps through `llmtrain launch` on the embedded stdlib data and must match the 1-process
+losses and gradient norms to 1e-5. Sharding is checked in bytes, and tensor parallel's communication is counted.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO, SMALL, launch, read_rows
+
+pytestmark = pytest.mark.slow
+PARITY = SMALL + ["train.max_steps=10", "train.global_batch_size=8", "train.micro_batch_size=2"]
+TOL = 1e-5
+
+LAYOUTS = {
+    # name: (processes, overrides)
+    "tp2": (2, ["parallel.tp=2"]),
+    "tp2_sp": (2, ["parallel.tp=2", "parallel.sequence_parallel=true"]),
+    "pp2_gpipe": (2, ["parallel.pp=2", "parallel.pp_schedule=gpipe"]),
+    "pp2_1f1b": (2, ["parallel.pp=2", "parallel.pp_schedule=1f1b"]),
+    "pp2_uneven_1f1b": (2, ["parallel.pp=2", "parallel.pp_layers=[1,3]"]),
+    "pp2_v2_interleaved_1f1b": (2, ["parallel.pp=2", "parallel.pp_schedule=interleaved_1f1b",
+                                    "parallel.virtual_stages=2"]),
+    "pp2_v2_looped_bfs": (2, ["parallel.pp=2", "parallel.pp_schedule=looped_bfs", "parallel.virtual_stages=2"]),
+    "pp2_v2_zero_bubble": (2, ["parallel.pp=2", "parallel.pp_schedule=zero_bubble", "parallel.virtual_stages=2"]),
+    "pp2_v2_zbv": (2, ["parallel.pp=2", "parallel.pp_schedule=zbv", "parallel.virtual_stages=2"]),
+    "pp2_v2_dualpipe_v": (2, ["parallel.pp=2", "parallel.pp_schedule=dualpipe_v", "parallel.virtual_stages=2"]),
+    "dp2_zero2": (2, ["parallel.zero=2"]),
+    "dp2_zero3": (2, ["parallel.zero=3"]),
+    "dp4_hybrid_shard2_zero3": (4, ["parallel.zero=3", "parallel.dp_shard=2"]),
+    "dp2_tp2_zero3": (4, ["parallel.tp=2", "parallel.zero=3"]),
+    "pp2_tp2_sp": (4, ["parallel.pp=2", "parallel.tp=2", "parallel.sequence_parallel=true"]),
+}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("ref") / "run"
+    rows = launch(run_dir, *PARITY, "cluster.nproc_per_node=1")
+    return {r["step"]: r for r in rows if "loss" in r}
+
+
+def assert_parity(rows, reference, label):
+    got = {r["step"]: r for r in rows if "loss" in r}
+    assert sorted(got) == sorted(reference) == list(range(1, 11)), label
+    loss_diff = max(abs(got[s]["loss"] - reference[s]["loss"]) for s in reference)
+    norm_diff = max(abs(got[s]["grad_norm"] - reference[s]["grad_norm"]) / reference[s]["grad_norm"]
+                    for s in reference)
+    assert loss_diff <= TOL, f"{label}: max |loss diff| {loss_diff:.2e} > {TOL}"
+    assert norm_diff <= TOL, f"{label}: max relative grad-norm diff {norm_diff:.2e} > {TOL}"
+    assert reference[10]["loss"] < reference[1]["loss"] - 0.3  # the losses compared actually move
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_layout_matches_one_process(name, reference, tmp_path):
+    nproc, overrides = LAYOUTS[name]
+    rows = launch(tmp_path / name, *PARITY, f"cluster.nproc_per_node={nproc}", *overrides)
+    assert_parity(rows, reference, name)
+
+
+def test_3d_dp2_pp2_tp2_on_8_ranks(reference, tmp_path):
+    """The full 3-D layout end to end on the embedded default data, interleaved schedule, sequence parallel."""
+    run_dir = tmp_path / "3d"
+    rows = launch(run_dir, *PARITY, "cluster.nproc_per_node=8", "parallel.tp=2", "parallel.pp=2",
+                  "parallel.sequence_parallel=true", "train.global_batch_size=8", "train.micro_batch_size=1",
+                  "parallel.pp_schedule=interleaved_1f1b", "parallel.virtual_stages=2")
+    assert_parity(rows, reference, "dp2 x pp2 x tp2")
+    statuses = [json.loads((run_dir / "logs" / f"rank{r}.status").read_text()) for r in range(8)]
+    assert all(s["status"] == "ok" for s in statuses)
+
+
+def _state_bytes(run_dir, ranks):
+    return [json.loads((run_dir / "logs" / f"rank{r}.status").read_text())["state_bytes"] for r in range(ranks)]
+
+
+def test_zero3_shards_params_grads_and_optimizer_state(reference, tmp_path):
+    one = _state_bytes(launch(tmp_path / "one", *SMALL, "train.max_steps=1", "cluster.nproc_per_node=1")
+                       and tmp_path / "one", 1)[0]
+    n = 4
+    run_dir = tmp_path / "zero3"
+    launch(run_dir, *SMALL, "train.max_steps=1", f"cluster.nproc_per_node={n}", "parallel.zero=3",
+           "train.micro_batch_size=2")
+    for rank, b in enumerate(_state_bytes(run_dir, n)):
+        for kind in ("params", "grads", "optimizer"):
+            assert b[kind] <= 1.1 * one[kind] / n, f"rank {rank} {kind}: {b[kind]} > 1.1 x {one[kind]} / {n}"
+    # zero=0 keeps everything on every rank
+    run_dir = tmp_path / "zero0"
+    launch(run_dir, *SMALL, "train.max_steps=1", "cluster.nproc_per_node=2", "parallel.zero=0")
+    assert all(b["params"] == one["params"] and b["optimizer"] == one["optimizer"] for b in _state_bytes(run_dir, 2))
+
+
+def test_tp_splits_block_matrices(tmp_path):
+    one_dir, tp_dir = tmp_path / "one", tmp_path / "tp4"
+    launch(one_dir, *SMALL, "train.max_steps=1", "cluster.nproc_per_node=1")
+    launch(tp_dir, *SMALL, "train.max_steps=1", "cluster.nproc_per_node=4", "parallel.tp=4")
+    full = _state_bytes(one_dir, 1)[0]["block_matrix_params"]
+    assert [b["block_matrix_params"] for b in _state_bytes(tp_dir, 4)] == [full // 4] * 4
+
+
+def test_tensor_parallel_issues_the_megatron_minimum_per_layer(tmp_path):
+    out = tmp_path / "counts.json"
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
+                    str(REPO / "tests" / "dist" / "comm_count.py"), str(out)], check=True, timeout=300,
+                   capture_output=True, cwd=tmp_path)
+    counts = json.loads(out.read_text())
+    # TP without sequence parallel: one all-reduce after attention and one after the MLP, each way.
+    assert counts["tp"]["per_layer"]["forward"] == {"all_reduce": 2.0}
+    assert counts["tp"]["per_layer"]["backward"] == {"all_reduce": 2.0}
+    # Sequence parallel replaces each all-reduce by an all-gather + reduce-scatter pair.
+    sp = {phase: {k: v for k, v in ops.items() if v} for phase, ops in counts["sp"]["per_layer"].items()}
+    assert sp["forward"] == {"all_gather_single": 2.0, "reduce_scatter_single": 2.0}
+    assert sp["backward"] == {"all_gather_single": 2.0, "reduce_scatter_single": 2.0}
