@@ -67,6 +67,19 @@ def build_parser() -> argparse.ArgumentParser:
     from llmtrain.data.prepare_cli import add_prepare_arguments
 
     add_prepare_arguments(prepare)
+
+    ckpt = sub.add_parser("ckpt", help="checkpoint tools (list, export)", description="Checkpoint tools.")
+    ckpt_sub = ckpt.add_subparsers(dest="ckpt_command", metavar="CKPT_COMMAND", parser_class=_Parser)
+    from llmtrain.checkpoint.export_cli import add_export_arguments
+    from llmtrain.checkpoint.list_cli import add_list_arguments
+
+    add_list_arguments(ckpt_sub.add_parser(
+        "list", help="checkpoints of a run: step, complete or not, size, layout",
+        description="List a run's checkpoints: step, complete or not, size, and the layout they were saved with."))
+    add_export_arguments(ckpt_sub.add_parser(
+        "export", help="consolidated weights as safetensors or a Hugging Face GPT-2 folder",
+        description="Write a checkpoint's consolidated weights: --format safetensors (llmtrain names) or hf (a "
+                    "folder transformers.GPT2LMHeadModel.from_pretrained loads)."))
     return parser
 
 
@@ -85,6 +98,14 @@ def main(argv: list[str] | None = None) -> int:
             from llmtrain.data.prepare_cli import run_prepare
 
             return run_prepare(args)
+        if args.command == "ckpt" and args.ckpt_command == "list":
+            from llmtrain.checkpoint.list_cli import run_list
+
+            return run_list(args)
+        if args.command == "ckpt" and args.ckpt_command == "export":
+            from llmtrain.checkpoint.export_cli import run_export
+
+            return run_export(args)
         parser.print_help()
         return EXIT_USAGE
     except (ConfigError, DataError) as e:
@@ -117,8 +138,11 @@ def cmd_launch(args) -> int:
 
 
 def entry() -> None:
-    # Make SIGTERM behave like Ctrl-C so the launcher's cleanup runs either way.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    from llmtrain.launch.run import raise_preempt
+
+    # SIGTERM / SIGUSR1 (cluster preemption): checkpoint, then stop. Ctrl-C (SIGINT): stop now.
+    signal.signal(signal.SIGTERM, raise_preempt)
+    signal.signal(signal.SIGUSR1, raise_preempt)
     sys.exit(main())
 
 

@@ -57,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
 
     from llmtrain.config import load_run_config
+    from llmtrain.train.preemption import Preempted
     from llmtrain.train.trainer import Trainer, resolve_device
 
     try:
@@ -66,6 +67,13 @@ def main(argv: list[str] | None = None) -> int:
         init_process_group(device.type, cfg.launch.pg_timeout_s)
         trainer = Trainer(cfg, run_dir, device)
         trainer.train()
+    except Preempted as e:
+        # Exit 0 so torchrun does not restart us; the launcher reads "preempted" from the status file.
+        _write_status(status_path, "preempted", str(e), step=e.step)
+        print(f"llmtrain: {e}", flush=True)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        return 0
     except BaseException as e:  # noqa: BLE001 - every way out is recorded for the launcher
         traceback.print_exc()
         _write_status(status_path, "error", f"{type(e).__name__}: {e}")

@@ -60,16 +60,26 @@ def compose_config(overrides: Sequence[str] = (), config_dirs: Iterable[str] = (
     return to_typed(raw)
 
 
+# Config keys that are Python keywords cannot be dataclass fields: the schema holds them under another name.
+_KEYWORD_KEYS = {("checkpoint", "async"): "async_save"}
+
+
 def to_typed(raw: DictConfig) -> DictConfig:
     """Merge onto the schema (unknown keys, wrong types) and resolve interpolations."""
+    raw = OmegaConf.create(OmegaConf.to_container(raw, resolve=False))
+    for (section, key), field_name in _KEYWORD_KEYS.items():
+        if section in raw and isinstance(raw[section], DictConfig) and key in raw[section]:
+            raw[section][field_name] = raw[section].pop(key)
     try:
         typed = OmegaConf.merge(OmegaConf.structured(LLMTrainConfig), raw)
         OmegaConf.resolve(typed)
     except OmegaConfBaseException as e:
         raise _omegaconf_error(e) from None
     _fill_defaults(typed)
-    OmegaConf.set_readonly(typed, False)
-    return typed
+    plain = OmegaConf.create(OmegaConf.to_container(typed))
+    for (section, key), field_name in _KEYWORD_KEYS.items():
+        plain[section][key] = plain[section].pop(field_name)
+    return plain
 
 
 def _fill_defaults(cfg: DictConfig) -> None:

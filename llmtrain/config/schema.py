@@ -50,6 +50,9 @@ class ParallelConfig:
 @dataclass
 class TrainConfig:
     max_steps: int = 300
+    # Stop this launch (with a checkpoint) once this step is reached; the schedule still runs to max_steps and
+    # the next launch resumes. For time-sliced allocations; null = run to max_steps.
+    stop_at_step: Optional[int] = None
     micro_batch_size: int = 8
     # Samples per optimizer step; null = micro_batch_size x dp x (1, or 2 x pp x virtual_stages with a pipeline).
     global_batch_size: Optional[int] = None
@@ -122,11 +125,17 @@ class RunConfig:
 
 @dataclass
 class CheckpointConfig:
-    # Steps between checkpoints; 0 = only at the end.
+    # Steps between checkpoints; 0 = none on the way (see at_end).
     interval: int = 0
-    # auto | none | PATH
+    # auto (newest complete checkpoint of run.dir, else fresh) | none | PATH of a checkpoint folder
     resume: str = "auto"
+    # Newest complete checkpoints kept.
     keep: int = 2
+    # checkpoint.async in configs and overrides (a Python keyword, so the schema field is named async_save):
+    # save in the background while training goes on; "saved" is logged once every rank's part is on disk.
+    async_save: bool = False
+    # Save a checkpoint after the last step.
+    at_end: bool = True
 
 
 @dataclass
@@ -136,6 +145,8 @@ class LaunchConfig:
     pg_timeout_s: int = 600
     # Threads per worker process; null = cores / processes on this node.
     omp_num_threads: Optional[int] = None
+    # After SIGTERM/SIGUSR1, how long workers get to checkpoint before they are killed.
+    preempt_grace_s: int = 120
 
 
 @dataclass

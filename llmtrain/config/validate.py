@@ -134,6 +134,8 @@ def _validate_train(cfg: DictConfig) -> None:
                "train.log_interval")
     _non_negative(cfg, "train.min_lr", "train.warmup_steps", "train.weight_decay", "train.grad_clip",
                   "train.eval_interval", "train.eval_steps", "train.max_bad_steps")
+    if t.stop_at_step is not None:
+        _require(t.stop_at_step > 0, "train.stop_at_step", f"must be > 0 (got {t.stop_at_step})")
     _require(t.min_lr <= t.lr, "train.min_lr", f"min_lr={t.min_lr} must not exceed train.lr={t.lr}")
     for key in ("beta1", "beta2"):
         _require(0.0 <= t[key] < 1.0, f"train.{key}", f"must be in [0, 1) (got {t[key]})")

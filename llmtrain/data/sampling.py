@@ -24,9 +24,13 @@ from .seeding import stable_seed
 
 
 def batch_indices(
-    step: int, micro_step: int, dp_rank: int, dp_size: int, micro_batch_size: int, global_batch_size: int
+    step: int, micro_step: int, dp_rank: int, dp_size: int, micro_batch_size: int, global_batch_size: int,
+    sample_offset: int | None = None,
 ) -> list[int]:
-    """Global sample indices for one micro-batch of one dp rank (see the module docstring)."""
+    """Global sample indices for one micro-batch of one dp rank (see the module docstring).
+
+    `sample_offset` (default step * global_batch_size) is where the step starts in the global stream: a run
+    resumed with another global batch size continues from the samples it had consumed."""
     per_micro_step = micro_batch_size * dp_size
     if micro_batch_size < 1 or dp_size < 1 or global_batch_size < 1:
         raise ValueError(
@@ -44,7 +48,8 @@ def batch_indices(
         raise ValueError(f"dp_rank {dp_rank} out of range [0, {dp_size})")
     if step < 0:
         raise ValueError(f"step must be >= 0, got {step}")
-    start = step * global_batch_size + micro_step * per_micro_step + dp_rank * micro_batch_size
+    base = step * global_batch_size if sample_offset is None else sample_offset
+    start = base + micro_step * per_micro_step + dp_rank * micro_batch_size
     return list(range(start, start + micro_batch_size))
 
 
@@ -74,9 +79,11 @@ class SampleStream:
         dp_size: int,
         micro_batch_size: int,
         global_batch_size: int,
+        sample_offset: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(inputs, targets), LongTensors of shape (micro_batch_size, seq_len). For "val", step is the eval batch number."""
-        indices = batch_indices(step, micro_step, dp_rank, dp_size, micro_batch_size, global_batch_size)
+        indices = batch_indices(step, micro_step, dp_rank, dp_size, micro_batch_size, global_batch_size,
+                                sample_offset)
         rows = torch.stack([self.dataset.sample(split, self.window(split, i)) for i in indices])
         return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
 

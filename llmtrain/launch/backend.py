@@ -41,10 +41,18 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def run(self, monitor) -> int:
-        """Start the job, drive `monitor` until it ends, stop everything on failure/interrupt; return exit code."""
+        """Start the job, drive `monitor` until it ends, stop everything on failure; return the exit code."""
+
+    @abc.abstractmethod
+    def follow(self, monitor, timeout_s: float | None = None) -> int | None:
+        """Keep following a started job; its exit code, or None if it still runs after timeout_s."""
+
+    @abc.abstractmethod
+    def signal_workers(self, sig: int) -> int:
+        """Send `sig` to every worker process (not the torchrun agents); return how many got it."""
 
     def stop(self) -> None:
-        """Stop every process the backend started (called on Ctrl-C / SIGTERM)."""
+        """Stop every process the backend started (Ctrl-C, failure, preemption timeout)."""
 
 
 def torchrun_argv(cfg: DictConfig, run_dir: str, nnodes: int, node_rank: int | None, rdzv_endpoint: str,

@@ -38,12 +38,18 @@ class LocalBackend(Backend):
         os.makedirs(env["TMPDIR"], exist_ok=True)
         log = os.path.join(self.run_dir, "logs", f"node{cmd.node_rank}.log")
         self.proc = processes.start(cmd.argv, env, log, on_line=self.output.append)
-        code = monitor.follow(self.proc.poll)
+        code = self.follow(monitor)
         if code != 0:
             report_failure(monitor.console, self.run_dir, "".join(self.output), code,
                            self.cfg.cluster.nproc_per_node)
         self.stop()
         return code
+
+    def follow(self, monitor, timeout_s: float | None = None) -> int | None:
+        return monitor.follow(self.proc.poll, timeout_s=timeout_s)
+
+    def signal_workers(self, sig: int) -> int:
+        return processes.signal_matching(self.proc.pid, "llmtrain.worker", sig) if self.proc else 0
 
     def stop(self) -> None:
         if self.proc is not None:

@@ -16,9 +16,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 class LineFollower:
     """Yields the complete new lines of a file that may not exist yet and keeps growing."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, from_end: bool = False):
+        """from_end: skip what the file already holds (a rank log appended to by an earlier launch)."""
         self.path = path
-        self.offset = 0
+        self.offset = os.path.getsize(path) if from_end and os.path.exists(path) else 0
         self.partial = ""
 
     def new_lines(self) -> list[str]:
@@ -39,7 +40,7 @@ class Monitor:
     def __init__(self, run_dir: str, max_steps: int, console: Console | None = None, stream_rank: int = 0):
         self.run_dir = run_dir
         self.console = console or Console()
-        self.log = LineFollower(os.path.join(run_dir, "logs", f"rank{stream_rank}.log"))
+        self.log = LineFollower(os.path.join(run_dir, "logs", f"rank{stream_rank}.log"), from_end=True)
         self.metrics = LineFollower(os.path.join(run_dir, "metrics.jsonl"))
         self.progress = Progress(
             TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
@@ -64,8 +65,10 @@ class Monitor:
                                      loss=f"{loss:.4f}" if isinstance(loss, float) else str(loss),
                                      tps=f"{row.get('tokens_per_s', 0):,.0f}")
 
-    def follow(self, poll_exit: Callable[[], int | None], interval_s: float = 0.3) -> int:
-        """Refresh until poll_exit() returns an exit code; return it."""
+    def follow(self, poll_exit: Callable[[], int | None], interval_s: float = 0.3,
+               timeout_s: float | None = None) -> int | None:
+        """Refresh until poll_exit() returns an exit code (returned), or timeout_s passes (None)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self.progress:
             while True:
                 code = poll_exit()
@@ -73,6 +76,8 @@ class Monitor:
                 if code is not None:
                     self.poll()
                     return code
+                if deadline is not None and time.monotonic() > deadline:
+                    return None
                 time.sleep(interval_s)
 
 
@@ -102,6 +107,23 @@ def failed_ranks(run_dir: str, agent_output: str) -> list[int]:
             except (OSError, ValueError):
                 continue
     return ranks
+
+
+def rank_statuses(run_dir: str) -> dict[int, dict]:
+    logs = os.path.join(run_dir, "logs")
+    out = {}
+    try:
+        names = os.listdir(logs)
+    except FileNotFoundError:
+        return out
+    for name in names:
+        if name.startswith("rank") and name.endswith(".status"):
+            try:
+                with open(os.path.join(logs, name)) as f:
+                    out[int(name[4:-7])] = json.load(f)
+            except (OSError, ValueError):
+                continue
+    return out
 
 
 def tail(path: str, n: int = 20) -> list[str]:

@@ -39,6 +39,19 @@ def tree(pid: int) -> list[psutil.Process]:
         return []
 
 
+def signal_matching(pid: int, needle: str, sig: int) -> int:
+    """Send sig to the processes of pid's tree whose command line contains `needle`."""
+    sent = 0
+    for p in tree(pid):
+        try:
+            if needle in " ".join(p.cmdline()):
+                p.send_signal(sig)
+                sent += 1
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return sent
+
+
 def stop_tree(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
     """SIGTERM the whole tree (torchrun forwards it to workers), wait, then SIGKILL whatever is left."""
     procs = tree(proc.pid)

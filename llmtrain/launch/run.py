@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 
 from omegaconf import DictConfig
 from rich.console import Console
@@ -15,6 +16,15 @@ from llmtrain.launch.monitor import Monitor
 from llmtrain.parallel.layout import ParallelDims
 
 EXIT_INTERRUPTED = 130
+EXIT_PREEMPTED = 143
+
+
+class PreemptRequest(Exception):
+    """SIGTERM / SIGUSR1 reached the launcher: checkpoint and stop (cluster preemption)."""
+
+
+def raise_preempt(signum, frame) -> None:
+    raise PreemptRequest(signal.Signals(signum).name)
 
 
 def layout_table(cfg: DictConfig) -> Table:
@@ -70,8 +80,33 @@ def prepare_data(cfg: DictConfig) -> None:
         ensure_stdlib_corpus(cfg.data.path, cfg.data.max_bytes)
 
 
+def check_resume(cfg: DictConfig, console: Console) -> None:
+    """Before anything starts: the checkpoint to resume from, and what differs from its config."""
+    from llmtrain.checkpoint import store
+    from llmtrain.checkpoint.diff import check_resumable
+    from llmtrain.config import load_run_config
+
+    run_dir = os.path.abspath(cfg.run.dir)
+    path, ignored = store.resolve_resume(run_dir, cfg.checkpoint.resume)
+    for info in ignored:
+        console.print(f"llmtrain: ignoring incomplete checkpoint {info.path} (its save did not finish)",
+                      markup=False, highlight=False)
+    if path is None:
+        return
+    store.verify(path)
+    old = load_run_config(os.path.join(path, "config.yaml"))
+    probe = cfg.copy()
+    probe.run.dir = run_dir
+    diff = check_resumable(old, probe, path)
+    console.print(f"llmtrain: resuming from {path}" + (" with these changes:" if diff else " (same config)"),
+                  markup=False, highlight=False)
+    for key, before, after in diff:
+        console.print(f"  {key}: {before} -> {after}", markup=False, highlight=False)
+
+
 def launch(cfg: DictConfig) -> int:
     console = Console()
+    check_resume(cfg, console)
     prepare_data(cfg)
     existed = os.path.isdir(cfg.run.dir)
     run_dir = prepare_run_dir(cfg)
@@ -92,7 +127,33 @@ def launch(cfg: DictConfig) -> int:
         console.print("llmtrain: interrupted; stopping every process of the job", markup=False)
         backend.stop()
         return EXIT_INTERRUPTED
+    except PreemptRequest as e:
+        return preempt(backend, monitor, cfg, str(e))
     if code == 0:
         console.print(f"llmtrain: job finished; metrics in {os.path.join(run_dir, 'metrics.jsonl')}",
                       markup=False, highlight=False)
     return code
+
+
+def preempt(backend, monitor, cfg: DictConfig, why: str) -> int:
+    """Ask every worker to checkpoint at its next step boundary, wait for them, report."""
+    from llmtrain.launch.monitor import rank_statuses
+
+    console = monitor.console
+    grace = cfg.launch.preempt_grace_s
+    n = backend.signal_workers(signal.SIGUSR1)
+    console.print(f"llmtrain: {why}: asked {n} worker(s) to checkpoint and stop (up to {grace} s)", markup=False)
+    try:
+        code = backend.follow(monitor, timeout_s=grace)
+    except (KeyboardInterrupt, PreemptRequest):
+        code = None
+    backend.stop()
+    statuses = rank_statuses(cfg.run.dir)
+    steps = {s.get("step") for s in statuses.values() if s.get("status") == "preempted"}
+    if code == 0 and statuses and all(s.get("status") == "preempted" for s in statuses.values()):
+        console.print(f"llmtrain: preempted at step {max(steps)}; checkpoint saved; the same command resumes",
+                      markup=False)
+    else:
+        console.print("llmtrain: preempted; the job did not confirm a checkpoint (see logs/); resuming uses the "
+                      "newest complete checkpoint", markup=False)
+    return EXIT_PREEMPTED

@@ -9,8 +9,17 @@ import os
 
 
 class MetricsWriter:
-    def __init__(self, path: str | None):
-        self.file = open(path, "a", buffering=1) if path else None
+    def __init__(self, path: str | None, keep_until_step: int = 0):
+        """Open `path` keeping only rows with step <= keep_until_step (0: a fresh run starts an empty file)."""
+        self.file = None
+        if not path:
+            return
+        kept = [row for row in read_metrics(path) if row.get("step", 0) <= keep_until_step] if keep_until_step else []
+        tmp = f"{path}.tmp"
+        with open(tmp, "w") as f:
+            f.writelines(json.dumps(row) + "\n" for row in kept)
+        os.replace(tmp, path)
+        self.file = open(path, "a", buffering=1)
 
     def write(self, row: dict) -> None:
         if self.file is None:

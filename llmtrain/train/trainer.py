@@ -15,6 +15,8 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch.distributed.tensor import DTensor
 
+from llmtrain.checkpoint import store
+from llmtrain.checkpoint.manager import CheckpointManager
 from llmtrain.data import SampleStream, build_dataset
 from llmtrain.parallel.build import ParallelModel, build_parallel_model
 from llmtrain.parallel.grad_norm import clip_grad_norm_
@@ -22,6 +24,7 @@ from llmtrain.parallel.layout import ParallelDims
 from llmtrain.parallel.mesh import build_mesh
 from llmtrain.train.loss_scale import DynamicLossScaler
 from llmtrain.train.metrics import MetricsWriter
+from llmtrain.train.preemption import Preempted, PreemptionFlag
 from llmtrain.train.optim import build_optimizer, lr_at, set_lr
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -71,12 +74,28 @@ class Trainer:
         self.stream = SampleStream(self.dataset, cfg.train.seed)
         self.accum = cfg.train.global_batch_size // (cfg.train.micro_batch_size * self.dims.dp)
         self.step = 0
+        self.samples_seen = 0
         self.tokens_seen = 0
         self.bad_steps = 0
         self.state_bytes: dict[str, int] = {}
         is_logger = self.rank == 0
-        self.metrics = MetricsWriter(os.path.join(run_dir, "metrics.jsonl") if is_logger else None)
         self.log = print if is_logger else (lambda *a, **k: None)
+        self.preempt = PreemptionFlag()
+        self.ckpt = CheckpointManager(cfg, run_dir, self.log)
+        self.resume()
+        metrics_path = os.path.join(run_dir, "metrics.jsonl") if is_logger else None
+        # Rows past the resumed step came from an attempt that did not reach a checkpoint: they are replaced.
+        self.metrics = MetricsWriter(metrics_path, keep_until_step=self.step)
+
+    def resume(self) -> None:
+        restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+        # A torchrun restart always continues from the newest complete checkpoint.
+        mode = "auto" if restarted else self.cfg.checkpoint.resume
+        path, ignored = store.resolve_resume(self.run_dir, mode)
+        for info in ignored:
+            self.log(f"llmtrain: ignoring incomplete checkpoint {info.path} (its save did not finish)", flush=True)
+        if path is not None:
+            self.ckpt.load(self, path)
 
     # ---- one optimizer step ------------------------------------------------------------------------------------
     def autocast(self):
@@ -90,8 +109,9 @@ class Trainer:
 
     def _batch(self, split: str, step: int, micro_step: int) -> tuple[torch.Tensor, torch.Tensor]:
         t = self.cfg.train
+        offset = self.samples_seen if split == "train" else None
         x, y = self.stream.batch(split, step, micro_step, self.dp_rank, self.dims.dp, t.micro_batch_size,
-                                 t.global_batch_size)
+                                 t.global_batch_size, sample_offset=offset)
         return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
 
     def forward_backward(self) -> torch.Tensor:
@@ -222,11 +242,13 @@ class Trainer:
                      f"(model.vocab_pad_multiple={m.vocab_pad_multiple})", flush=True)
         window_start, window_tokens = time.perf_counter(), 0
         run_start = time.perf_counter()
-        while self.step < t.max_steps:
+        last = min(t.max_steps, t.stop_at_step) if t.stop_at_step else t.max_steps
+        while self.step < last:
             step_start = time.perf_counter()
             result = self.train_step()
             step_time = time.perf_counter() - step_start
             self.step += 1
+            self.samples_seen += t.global_batch_size
             self.tokens_seen += tokens_per_step
             window_tokens += tokens_per_step
             self._check_bad_step(result)
@@ -247,6 +269,18 @@ class Trainer:
                 val_loss = self.evaluate()
                 self.metrics.write({"step": self.step, "val_loss": val_loss})
                 self.log(f"step {self.step:>6}/{t.max_steps} | val_loss {val_loss:.4f}", flush=True)
+            self.ckpt.poll()
+            if self.preempt.agreed():
+                self.log(f"llmtrain: preemption signal received; checkpointing at step {self.step}", flush=True)
+                self.ckpt.save(self, asynchronous=False)
+                self.metrics.close()
+                raise Preempted(self.step)
+            interval = self.cfg.checkpoint.interval
+            if interval and self.step % interval == 0 and self.step < last:
+                self.ckpt.save(self, asynchronous=self.cfg.checkpoint["async"])
+        if self.cfg.checkpoint.at_end or self.step < t.max_steps:
+            self.ckpt.save(self, asynchronous=False)
+        self.ckpt.wait()
         self.metrics.close()
         self.log(f"llmtrain: done, {self.step} steps, {self.tokens_seen:,} tokens in "
                  f"{time.perf_counter() - run_start:.1f} s", flush=True)

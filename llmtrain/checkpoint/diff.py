@@ -1,0 +1,44 @@
+"""What differs between a checkpoint's config and the config a run resumes with."""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig, OmegaConf
+
+from llmtrain.checkpoint.store import CheckpointError
+
+# Keys that fix parameter shapes: resuming with another value cannot load the weights.
+SHAPE_KEYS = ("model.n_layers", "model.n_heads", "model.d_model", "model.vocab_size", "model.vocab_pad_multiple",
+              "model.seq_len", "model.head_dim")
+# Keys expected to differ between attempts of the same run.
+IGNORED = ("checkpoint.resume", "cluster.master_port", "cluster.node_rank")
+
+
+def _flatten(cfg: DictConfig) -> dict[str, object]:
+    out: dict[str, object] = {}
+
+    def walk(node, prefix: str) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, f"{prefix}{k}.")
+        else:
+            out[prefix[:-1]] = node
+
+    walk(OmegaConf.to_container(cfg), "")
+    return out
+
+
+def config_diff(old: DictConfig, new: DictConfig) -> list[tuple[str, object, object]]:
+    a, b = _flatten(old), _flatten(new)
+    return [(k, a.get(k, "<absent>"), b.get(k, "<absent>")) for k in sorted(set(a) | set(b))
+            if a.get(k, "<absent>") != b.get(k, "<absent>") and k not in IGNORED]
+
+
+def check_resumable(old: DictConfig, new: DictConfig, path: str) -> list[tuple[str, object, object]]:
+    """The differences; raises CheckpointError when a shape-defining key differs."""
+    diff = config_diff(old, new)
+    shape = [(k, x, y) for k, x, y in diff if k in SHAPE_KEYS]
+    if shape:
+        what = ", ".join(f"{k} {x} -> {y}" for k, x, y in shape)
+        raise CheckpointError("checkpoint.resume", f"model shape differs from the checkpoint {path}: {what} "
+                                                   "(use checkpoint.resume=none or another run.dir to start fresh)")
+    return diff

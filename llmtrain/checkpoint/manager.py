@@ -1,0 +1,158 @@
+"""Saving and loading training state with torch.distributed.checkpoint (DCP), under any layout.
+
+The state is a flat, layout-free dict: model parameters and AdamW moments by parameter name (DTensor shards,
+which DCP reshards on load for another dp/tp/pp/zero layout or world size), the step, the data position (samples
+consumed of the global stream), the loss scaler, and each rank's RNG state. A pipeline's copy of the tied head is
+stored under the embedding's name, so a checkpoint looks the same whichever stages a rank held.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from omegaconf import DictConfig
+
+from llmtrain.checkpoint import store
+from llmtrain.config import to_yaml
+from llmtrain.parallel.build import TIED_COPY, TIED_SOURCE
+
+MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+def _layout(cfg: DictConfig) -> dict:
+    p = cfg.parallel
+    return {"dp": p.dp, "tp": p.tp, "pp": p.pp, "zero": p.zero, "virtual_stages": p.virtual_stages,
+            "world_size": cfg.cluster.nnodes * cfg.cluster.nproc_per_node}
+
+
+class CheckpointManager:
+    def __init__(self, cfg: DictConfig, run_dir: str, log):
+        self.cfg = cfg
+        self.run_dir = run_dir
+        self.log = log
+        self.rank = dist.get_rank()
+        # Saves (async ones finish in a background thread) get their own gloo group, so their collectives never
+        # interleave with training's on the default group.
+        self.group = dist.new_group(backend="gloo")
+        self.pending = None  # (future, tmp_path, step, t0)
+
+    # ---- state -----------------------------------------------------------------------------------------------
+    def state_dict(self, trainer, for_load: bool = False, include_rng: bool = True) -> dict:
+        model_state, optim_state = {}, {}
+        names = {name for name, _ in trainer.model.named_parameters()}
+        for name, param in trainer.model.named_parameters():
+            key = name
+            if name == TIED_COPY and trainer.model.num_stages > 1:
+                if TIED_SOURCE in names:
+                    continue  # both ends on this rank: the embedding is saved, the copy restored from it
+                key = TIED_SOURCE
+            model_state[key] = param
+            state = trainer.optimizer.state.setdefault(param, {})
+            if for_load and not state:
+                # AdamW creates its state lazily; loading needs tensors of the right shard shape to fill.
+                state.update(step=torch.zeros((), dtype=torch.float32),
+                             **{m: torch.zeros_like(param) for m in MOMENTS})
+            for m in MOMENTS + ("step",):
+                if m in state:
+                    optim_state[f"{key}.{m}"] = state[m]
+        extra = {"step": trainer.step, "samples_seen": trainer.samples_seen, "tokens_seen": trainer.tokens_seen,
+                 "scaler": trainer.scaler.state_dict()}
+        out = {"model": model_state, "optim": optim_state, "extra": extra}
+        if include_rng:
+            out["rng"] = {f"rank{self.rank}": torch.get_rng_state()}
+        return out
+
+    # ---- save ------------------------------------------------------------------------------------------------
+    def save(self, trainer, asynchronous: bool) -> None:
+        self.wait()  # one save in flight at a time
+        step = trainer.step
+        tmp = store.step_dir(self.run_dir, step) + ".tmp"
+        if self.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)  # leftovers of a save that was killed
+            os.makedirs(tmp)
+        dist.barrier(group=self.group)
+        state = self.state_dict(trainer)
+        t0 = time.perf_counter()
+        if asynchronous:
+            future = dcp.async_save(state, checkpoint_id=tmp, process_group=self.group)
+            self.pending = (future, tmp, step, t0)
+            self.log(f"llmtrain: checkpoint step {step}: saving in the background", flush=True)
+        else:
+            dcp.save(state, checkpoint_id=tmp, process_group=self.group)
+            self._finalize(tmp, step, t0)
+
+    def poll(self) -> None:
+        """At a step boundary: finalize an async save once every rank's part is written."""
+        if self.pending is None:
+            return
+        done = torch.tensor([1 if self.pending[0].done() else 0], dtype=torch.int32)
+        dist.all_reduce(done, op=dist.ReduceOp.MIN, group=self.group)
+        if done.item():
+            self.wait()
+
+    def wait(self) -> None:
+        if self.pending is None:
+            return
+        future, tmp, step, t0 = self.pending
+        self.pending = None
+        future.result()  # re-raises a failed write
+        self._finalize(tmp, step, t0)
+
+    def _finalize(self, tmp: str, step: int, t0: float) -> None:
+        # Complete only when every rank has written its part: then rank 0 seals the folder.
+        dist.barrier(group=self.group)
+        if self.rank == 0:
+            with open(os.path.join(tmp, "config.yaml"), "w") as f:
+                f.write(to_yaml(self.cfg))
+            final = store.finalize(tmp, {"step": step, "complete": True, "layout": _layout(self.cfg),
+                                         "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                                         "model": {k: self.cfg.model[k] for k in self.cfg.model}})
+            size = sum(v["bytes"] for v in store.read_meta(final)["files"].values())
+            removed = store.prune(self.run_dir, self.cfg.checkpoint.keep)
+            self.log(f"llmtrain: saved checkpoint step {step} -> {final} ({size / 2**20:.1f} MiB, "
+                     f"{time.perf_counter() - t0:.1f} s)" + (f"; removed {len(removed)} old" if removed else ""),
+                     flush=True)
+        dist.barrier(group=self.group)
+
+    @torch.no_grad()
+    def _restore_tied_copy(self, trainer) -> None:
+        """When one rank holds both the embedding and the pipeline's head copy, the copy was not in the state
+        (same key): give it the embedding's value and moments."""
+        params = dict(trainer.model.named_parameters())
+        if trainer.model.num_stages == 1 or TIED_COPY not in params or TIED_SOURCE not in params:
+            return
+        src, dst = params[TIED_SOURCE], params[TIED_COPY]
+        dst.copy_(src)
+        src_state, dst_state = trainer.optimizer.state[src], trainer.optimizer.state.setdefault(dst, {})
+        for m, value in src_state.items():
+            dst_state[m] = value.clone()
+
+    # ---- load ------------------------------------------------------------------------------------------------
+    def load(self, trainer, path: str) -> None:
+        meta = store.verify(path, crc=False)
+        same_layout = meta.get("layout") == _layout(self.cfg)
+        state = self.state_dict(trainer, for_load=True, include_rng=same_layout)
+        try:
+            dcp.load(state, checkpoint_id=path, process_group=self.group)
+        except Exception as e:
+            raise store.CheckpointError(path, f"cannot load checkpoint: {type(e).__name__}: "
+                                              f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}") from e
+        extra = state["extra"]
+        trainer.step = int(extra["step"])
+        trainer.samples_seen = int(extra["samples_seen"])
+        trainer.tokens_seen = int(extra["tokens_seen"])
+        trainer.scaler.load_state_dict(extra["scaler"])
+        self._restore_tied_copy(trainer)
+        if same_layout:
+            torch.set_rng_state(state["rng"][f"rank{self.rank}"])
+        else:
+            # Another layout: ranks map to other work, so reseed from (seed, step, rank) instead.
+            torch.manual_seed(self.cfg.train.seed + 1_000_003 * trainer.step + self.rank)
+        self.log(f"llmtrain: resumed from {path} at step {trainer.step} ({trainer.samples_seen:,} samples seen)"
+                 + ("" if same_layout else f"; resharded from layout {meta.get('layout')} to {_layout(self.cfg)}"),
+                 flush=True)

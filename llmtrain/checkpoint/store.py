@@ -1,0 +1,183 @@
+"""Checkpoint folders on disk: naming, completeness, verification, listing, pruning. No torch.distributed here.
+
+A checkpoint is RUN_DIR/checkpoints/step-NNNNNNN/ holding the DCP shard files, config.yaml and meta.json. It is
+written as step-NNNNNNN.tmp/ and renamed only after every rank finished writing and meta.json (with each file's
+size and CRC32) is on disk, so a folder without the .tmp suffix is complete by construction; a crash mid-save
+leaves only a .tmp folder, which resume ignores (and says so).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import zlib
+from dataclasses import dataclass
+
+from llmtrain.config.errors import ConfigError
+
+CHECKPOINTS = "checkpoints"
+META = "meta.json"
+_NAME = re.compile(r"^step-(\d{7,})(\.tmp)?$")
+
+
+class CheckpointError(ConfigError):
+    """A checkpoint that cannot be used; names the folder or file."""
+
+
+def checkpoints_dir(run_dir: str) -> str:
+    return os.path.join(run_dir, CHECKPOINTS)
+
+
+def step_dir(run_dir: str, step: int) -> str:
+    return os.path.join(checkpoints_dir(run_dir), f"step-{step:07d}")
+
+
+@dataclass
+class CheckpointInfo:
+    path: str
+    step: int
+    complete: bool
+    meta: dict | None
+
+    @property
+    def size_bytes(self) -> int:
+        total = 0
+        for root, _, files in os.walk(self.path):
+            total += sum(os.path.getsize(os.path.join(root, f)) for f in files)
+        return total
+
+
+def list_checkpoints(run_dir: str) -> list[CheckpointInfo]:
+    """All checkpoint folders of a run, oldest first; complete ones have meta.json and no .tmp suffix."""
+    base = checkpoints_dir(run_dir)
+    try:
+        names = os.listdir(base)
+    except FileNotFoundError:
+        return []
+    infos = []
+    for name in names:
+        match = _NAME.match(name)
+        path = os.path.join(base, name)
+        if not match or not os.path.isdir(path):
+            continue
+        meta = read_meta(path)
+        complete = match.group(2) is None and meta is not None
+        infos.append(CheckpointInfo(path, int(match.group(1)), complete, meta))
+    return sorted(infos, key=lambda i: (i.step, i.complete))
+
+
+def read_meta(path: str) -> dict | None:
+    try:
+        with open(os.path.join(path, META)) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def latest_complete(run_dir: str) -> tuple[CheckpointInfo | None, list[CheckpointInfo]]:
+    """The newest complete checkpoint, and the incomplete ones newer than it (to report as ignored)."""
+    infos = list_checkpoints(run_dir)
+    complete = [i for i in infos if i.complete]
+    latest = complete[-1] if complete else None
+    ignored = [i for i in infos if not i.complete and (latest is None or i.step >= latest.step)]
+    return latest, ignored
+
+
+def resolve_resume(run_dir: str, resume: str) -> tuple[str | None, list[CheckpointInfo]]:
+    """checkpoint.resume -> checkpoint folder to load (or None for a fresh start), plus ignored partial ones."""
+    if resume == "none":
+        return None, []
+    if resume == "auto":
+        latest, ignored = latest_complete(run_dir)
+        return (latest.path if latest else None), ignored
+    path = os.path.abspath(os.path.expanduser(resume))
+    if not os.path.isdir(path):
+        raise CheckpointError("checkpoint.resume", f"no such checkpoint folder: {resume}")
+    if path.endswith(".tmp") or read_meta(path) is None:
+        raise CheckpointError("checkpoint.resume", f"{resume} is not a complete checkpoint (no {META}; the save "
+                                                   "did not finish)")
+    return path, []
+
+
+def file_manifest(path: str) -> dict[str, dict]:
+    """{relative file: {bytes, crc32}} of every data file in a checkpoint folder."""
+    manifest = {}
+    for name in sorted(os.listdir(path)):
+        full = os.path.join(path, name)
+        if name == META or not os.path.isfile(full):
+            continue
+        manifest[name] = {"bytes": os.path.getsize(full), "crc32": _crc32(full)}
+    return manifest
+
+
+def verify(path: str, crc: bool = True) -> dict:
+    """Check every file against meta.json; a missing, truncated or (crc=True) altered file is an error naming
+    it. The launcher checks CRCs once before starting; workers check sizes (cheap) on every (re)start."""
+    meta = read_meta(path)
+    if meta is None:
+        raise CheckpointError(path, f"missing or unreadable {META}: not a complete checkpoint")
+    for name, expect in meta.get("files", {}).items():
+        full = os.path.join(path, name)
+        if not os.path.isfile(full):
+            raise CheckpointError(full, "checkpoint file is missing")
+        size = os.path.getsize(full)
+        if size != expect["bytes"]:
+            raise CheckpointError(full, f"checkpoint file is truncated or altered: {size} bytes, "
+                                        f"{expect['bytes']} written")
+        if crc and _crc32(full) != expect["crc32"]:
+            raise CheckpointError(full, "checkpoint file is corrupted (CRC32 differs from the one written)")
+    return meta
+
+
+def finalize(tmp_path: str, meta: dict) -> str:
+    """Write meta.json (with the file manifest) into tmp_path and rename it to its final name."""
+    meta = dict(meta, files=file_manifest(tmp_path))
+    meta_tmp = os.path.join(tmp_path, META + ".tmp")
+    with open(meta_tmp, "w") as f:
+        json.dump(meta, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(meta_tmp, os.path.join(tmp_path, META))
+    final = tmp_path[: -len(".tmp")]
+    if os.path.exists(final):  # a finished save of the same step from an earlier attempt
+        shutil.rmtree(final)
+    os.replace(tmp_path, final)
+    _fsync_dir(os.path.dirname(final))
+    return final
+
+
+def prune(run_dir: str, keep: int) -> list[str]:
+    """Delete all but the newest `keep` complete checkpoints, and partial ones older than the newest complete."""
+    infos = list_checkpoints(run_dir)
+    complete = [i for i in infos if i.complete]
+    removed = []
+    newest = complete[-1].step if complete else None
+    for info in complete[:-keep] if keep else []:
+        shutil.rmtree(info.path, ignore_errors=True)
+        removed.append(info.path)
+    for info in infos:
+        if not info.complete and newest is not None and info.step < newest:
+            shutil.rmtree(info.path, ignore_errors=True)
+            removed.append(info.path)
+    return removed
+
+
+def _crc32(path: str) -> int:
+    crc = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+def _fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

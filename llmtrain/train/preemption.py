@@ -1,0 +1,36 @@
+"""Preemption: SIGTERM or SIGUSR1 asks for a checkpoint at the next step boundary, then a clean exit.
+
+The handler only sets a flag; all ranks agree on it with one MAX all-reduce per step, so they checkpoint at the
+same step even when the signal reached them at different times (or only some of them).
+"""
+
+from __future__ import annotations
+
+import signal
+
+import torch
+import torch.distributed as dist
+
+
+class Preempted(Exception):
+    def __init__(self, step: int):
+        super().__init__(f"preempted at step {step}; checkpoint saved")
+        self.step = step
+
+
+class PreemptionFlag:
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+    def __init__(self):
+        self.requested = False
+        for sig in self.SIGNALS:
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        self.requested = True
+
+    def agreed(self) -> bool:
+        flag = torch.tensor([1 if self.requested else 0], dtype=torch.int32)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())

@@ -1,0 +1,190 @@
+"""Checkpoints and resume: exact same-layout resume, resharded resume, restarts after a kill, preemption,
+partial and corrupted checkpoints, `ckpt list`."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import SMALL, launch, read_rows, run_cli, train_losses, wait_for, worker_processes
+
+pytestmark = pytest.mark.slow
+BASE = SMALL + ["train.max_steps=12", "train.global_batch_size=8", "train.micro_batch_size=2"]
+
+
+def ckpt_steps(run_dir: Path) -> list[str]:
+    return sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+
+
+def max_diff(a: dict, b: dict, steps) -> float:
+    return max(abs(a[s] - b[s]) for s in steps)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """12 steps at DP2, never stopped; and the same on one process."""
+    base = tmp_path_factory.mktemp("uninterrupted")
+    launch(base / "dp2", *BASE)
+    launch(base / "one", *BASE, "cluster.nproc_per_node=1")
+    return {"dp2": train_losses(base / "dp2"), "one": train_losses(base / "one"), "dir": base}
+
+
+def test_final_checkpoint_and_list(uninterrupted):
+    run_dir = uninterrupted["dir"] / "dp2"
+    assert ckpt_steps(run_dir) == ["step-0000012"]
+    ckpt = run_dir / "checkpoints" / "step-0000012"
+    meta = json.loads((ckpt / "meta.json").read_text())
+    assert meta["complete"] and meta["step"] == 12 and meta["layout"]["dp"] == 2
+    assert (ckpt / "config.yaml").is_file() and (ckpt / ".metadata").is_file()
+    listing = run_cli(["ckpt", "list", str(run_dir)])
+    assert listing.returncode == 0 and "12" in listing.stdout and "complete" in listing.stdout
+    assert "dp=2" in listing.stdout
+
+
+def test_stop_and_resume_same_layout_is_exact(uninterrupted, tmp_path):
+    run_dir = tmp_path / "run"
+    launch(run_dir, *BASE, "train.stop_at_step=6", "checkpoint.keep=5")
+    assert ckpt_steps(run_dir) == ["step-0000006"]
+    result = run_cli(["launch", f"run.dir={run_dir}", *BASE, "checkpoint.keep=5"])
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "resuming from" in result.stdout
+    losses = train_losses(run_dir)
+    assert sorted(losses) == list(range(1, 13))
+    diff = max_diff(losses, uninterrupted["dp2"], range(1, 13))
+    assert diff <= 1e-6, f"resumed vs uninterrupted: {diff}"
+    assert ckpt_steps(run_dir) == ["step-0000006", "step-0000012"]
+
+
+def test_resume_under_other_layouts(uninterrupted, tmp_path):
+    """Saved at DP2 x TP2 with ZeRO-3 (4 ranks), resumed at PP2 and on one process."""
+    saved = tmp_path / "saved"
+    launch(saved, *BASE, "train.stop_at_step=6", "cluster.nproc_per_node=4", "parallel.tp=2", "parallel.zero=3")
+    reference = uninterrupted["one"]
+    assert max_diff(train_losses(saved), reference, range(1, 7)) <= 1e-5
+    for name, overrides in {"pp2": ["cluster.nproc_per_node=2", "parallel.pp=2", "parallel.dp=1"],
+                            "one": ["cluster.nproc_per_node=1"]}.items():
+        run_dir = tmp_path / name
+        shutil.copytree(saved, run_dir)
+        result = run_cli(["launch", f"run.dir={run_dir}", *BASE, *overrides])
+        assert result.returncode == 0, result.stdout[-3000:]
+        # The launcher says what changed before training continues.
+        assert "parallel.tp: 2 -> 1" in result.stdout and "resharded" in (run_dir / "logs" / "rank0.log").read_text()
+        losses = train_losses(run_dir)
+        diff = max_diff(losses, reference, range(7, 13))
+        assert diff <= 1e-5, f"{name}: resumed-under-another-layout vs reference: {diff}"
+
+
+def test_model_shape_change_is_refused(uninterrupted, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(uninterrupted["dir"] / "dp2", run_dir)
+    result = run_cli(["launch", f"run.dir={run_dir}", *BASE, "model.d_model=128", "train.max_steps=20"])
+    assert result.returncode == 2
+    assert result.stderr.startswith("llmtrain: error: checkpoint.resume: model shape differs")
+    assert "model.d_model 64 -> 128" in result.stderr
+
+
+def test_partial_checkpoint_is_ignored_and_corrupt_one_is_named(uninterrupted, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(uninterrupted["dir"] / "dp2", run_dir)
+    ckpts = run_dir / "checkpoints"
+    # A save killed midway leaves a .tmp folder: it is ignored (and said so), the complete one is used.
+    partial = ckpts / "step-0000013.tmp"
+    shutil.copytree(ckpts / "step-0000012", partial)
+    (partial / "meta.json").unlink()
+    next(partial.glob("*.distcp")).write_bytes(b"\0" * 10)
+    result = run_cli(["launch", f"run.dir={run_dir}", *BASE, "train.max_steps=14"])
+    assert result.returncode == 0, result.stdout[-2000:]
+    assert "ignoring incomplete checkpoint" in result.stdout and "step-0000013.tmp" in result.stdout
+    assert sorted(train_losses(run_dir))[-2:] == [13, 14]
+    # A truncated shard of the newest complete checkpoint: a clear error naming the file, nothing trained.
+    newest = ckpts / "step-0000014"
+    shard = sorted(newest.glob("*.distcp"))[0]
+    shard.write_bytes(shard.read_bytes()[:-100])
+    result = run_cli(["launch", f"run.dir={run_dir}", *BASE, "train.max_steps=16"])
+    assert result.returncode == 2
+    assert str(shard) in result.stderr and "truncated" in result.stderr
+    # Flipped bytes of the same size are caught by the CRC.
+    good = sorted((ckpts / "step-0000012").glob("*.distcp"))[0]
+    data = bytearray(good.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    good.write_bytes(bytes(data))
+    result = run_cli(["launch", f"run.dir={run_dir}", *BASE, f"checkpoint.resume={ckpts / 'step-0000012'}",
+                      "train.max_steps=16"])
+    assert result.returncode == 2 and str(good) in result.stderr and "corrupted" in result.stderr
+
+
+def _start(run_dir, *overrides):
+    return subprocess.Popen([sys.executable, "-m", "llmtrain", "launch", f"run.dir={run_dir}", *overrides],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_killed_rank_restarts_and_matches(uninterrupted, tmp_path):
+    """kill -9 of one rank with launch.max_restarts=1: torchrun restarts the workers, they resume from the newest
+    complete checkpoint, and the final losses equal the uninterrupted run's."""
+    import psutil
+
+    run_dir = tmp_path / "run"
+    steps = 30
+    overrides = [*BASE, f"train.max_steps={steps}", "checkpoint.interval=4", "launch.max_restarts=1"]
+    reference_dir = tmp_path / "reference"
+    launch(reference_dir, *BASE, f"train.max_steps={steps}")
+    proc = _start(run_dir, *overrides)
+    try:
+        assert wait_for(lambda: any(r.get("step", 0) >= 6 for r in read_rows(run_dir)), timeout=180)
+        victims = [p for p in worker_processes(run_dir) if "llmtrain.worker" in " ".join(p.cmdline())
+                   and p.environ().get("RANK") == "1"]
+        assert victims
+        victims[0].send_signal(signal.SIGKILL)
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, out[-3000:]
+    status = json.loads((run_dir / "logs" / "rank0.status").read_text())
+    assert status["restart"] == 1  # the job really restarted
+    losses = train_losses(run_dir)
+    assert sorted(losses) == list(range(1, steps + 1))
+    diff = max_diff(losses, train_losses(reference_dir), range(1, steps + 1))
+    assert diff <= 1e-6, f"restarted vs uninterrupted: {diff}"
+    assert not worker_processes(run_dir)
+    del psutil
+
+
+def test_sigterm_checkpoints_and_resubmission_resumes(uninterrupted, tmp_path):
+    run_dir = tmp_path / "run"
+    steps = 400
+    proc = _start(run_dir, *BASE, f"train.max_steps={steps}")
+    try:
+        assert wait_for(lambda: any(r.get("step", 0) >= 3 for r in read_rows(run_dir)), timeout=180)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=180)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, out[-3000:]
+    assert "preempted at step" in out and "checkpoint saved" in out
+    saved = [int(name.split("-")[1]) for name in ckpt_steps(run_dir)]
+    assert len(saved) == 1 and 3 <= saved[0] < steps
+    assert not worker_processes(run_dir)
+    # The resubmitted job continues from the saved step, with the uninterrupted run's numbers.
+    launch(run_dir, *BASE, f"train.max_steps={steps}", f"train.stop_at_step={saved[0] + 2}")
+    losses = train_losses(run_dir)
+    assert sorted(losses)[-2:] == [saved[0] + 1, saved[0] + 2]
+    reference_dir = tmp_path / "reference"
+    launch(reference_dir, *BASE, f"train.max_steps={steps}", f"train.stop_at_step={saved[0] + 2}")
+    assert max_diff(losses, train_losses(reference_dir), range(1, saved[0] + 3)) <= 1e-6
+
+
+def test_async_checkpoint_is_logged_saved_only_when_complete(tmp_path):
+    run_dir = tmp_path / "run"
+    launch(run_dir, *BASE, "checkpoint.interval=4", "checkpoint.async=true", "checkpoint.keep=10")
+    log = (run_dir / "logs" / "rank0.log").read_text()
+    assert "saving in the background" in log
+    assert ckpt_steps(run_dir) == ["step-0000004", "step-0000008", "step-0000012"]
+    for name in ckpt_steps(run_dir):
+        # "saved" is printed only after meta.json (written last, with every file's CRC) exists
+        assert f"saved checkpoint step {int(name[5:])} " in log
+        assert json.loads((run_dir / "checkpoints" / name / "meta.json").read_text())["complete"]
