@@ -59,6 +59,16 @@ def build_parser() -> argparse.ArgumentParser:
                             description="Compose and validate the config and print it as YAML.")
     _add_compose_args(config)
 
+    doctor = sub.add_parser("doctor", formatter_class=fmt, epilog=OVERRIDE_HELP,
+                            help="preflight on every node: versions, devices, network env, all-reduce bandwidth",
+                            description="Start a short job on every node of the configured cluster (same backend "
+                                        "as launch) and report versions, accelerators, the effective network "
+                                        "environment and an all-reduce bus-bandwidth sweep; exit 1 on a problem.")
+    _add_compose_args(doctor)
+    doctor.add_argument("--max-bytes", type=int, default=None,
+                        help="largest all-reduce message (default 16 MiB on CPU, 256 MiB on CUDA)")
+    doctor.add_argument("--iters", type=int, default=5, help="timed all-reduces per size (default 5)")
+
     data = sub.add_parser("data", help="data tools (prepare)", description="Data tools.")
     data_sub = data.add_subparsers(dest="data_command", metavar="DATA_COMMAND", parser_class=_Parser)
     prepare = data_sub.add_parser("prepare", help="tokenize text files into a token file (nanoGPT .bin)",
@@ -94,6 +104,10 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_launch(args)
         if args.command == "config":
             return cmd_config(args)
+        if args.command == "doctor":
+            from llmtrain.doctor import run_doctor
+
+            return run_doctor(_compose(args), args.max_bytes, args.iters)
         if args.command == "data" and args.data_command == "prepare":
             from llmtrain.data.prepare_cli import run_prepare
 

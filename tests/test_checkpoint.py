@@ -126,8 +126,6 @@ def _start(run_dir, *overrides):
 def test_killed_rank_restarts_and_matches(uninterrupted, tmp_path):
     """kill -9 of one rank with launch.max_restarts=1: torchrun restarts the workers, they resume from the newest
     complete checkpoint, and the final losses equal the uninterrupted run's."""
-    import psutil
-
     run_dir = tmp_path / "run"
     steps = 30
     overrides = [*BASE, f"train.max_steps={steps}", "checkpoint.interval=4", "launch.max_restarts=1"]
@@ -151,7 +149,6 @@ def test_killed_rank_restarts_and_matches(uninterrupted, tmp_path):
     diff = max_diff(losses, train_losses(reference_dir), range(1, steps + 1))
     assert diff <= 1e-6, f"restarted vs uninterrupted: {diff}"
     assert not worker_processes(run_dir)
-    del psutil
 
 
 def test_sigterm_checkpoints_and_resubmission_resumes(uninterrupted, tmp_path):
@@ -188,3 +185,47 @@ def test_async_checkpoint_is_logged_saved_only_when_complete(tmp_path):
         # "saved" is printed only after meta.json (written last, with every file's CRC) exists
         assert f"saved checkpoint step {int(name[5:])} " in log
         assert json.loads((run_dir / "checkpoints" / name / "meta.json").read_text())["complete"]
+
+
+def test_export_hf_matches_and_init_from_continues(uninterrupted, tmp_path):
+    """`ckpt export --format hf` of a real DP2 checkpoint loads in transformers with the same logits, and
+    model.init_from=<that folder> starts a run from exactly those weights."""
+    import torch
+    import torch.nn.functional as F
+
+    from llmtrain.checkpoint.export import load_model_state
+    from llmtrain.data import SampleStream, build_dataset
+    from llmtrain.model import GPT, GPTArgs
+
+    ckpt = uninterrupted["dir"] / "dp2" / "checkpoints" / "step-0000012"
+    out = tmp_path / "hf"
+    result = run_cli(["ckpt", "export", str(ckpt), "--format", "hf", "--out", str(out)])
+    assert result.returncode == 0, result.stderr
+    state, cfg = load_model_state(str(ckpt))
+    model = GPT(GPTArgs.from_config(cfg.model))
+    model.load_state_dict(state, strict=False)
+    model.tie_weights()
+    model.eval()
+    ids = torch.randint(0, cfg.model.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ours = model(ids)[..., : cfg.model.vocab_size]
+    try:
+        import transformers
+    except ImportError:
+        pytest.skip("transformers not installed: pip install transformers")
+    hf = transformers.GPT2LMHeadModel.from_pretrained(str(out), local_files_only=True).eval()
+    with torch.no_grad():
+        theirs = hf(ids).logits
+    assert (ours - theirs).abs().max().item() <= 1e-4
+
+    # Expected first loss of a run initialized from the export: the trained weights on global batch 0.
+    stream = SampleStream(build_dataset(cfg.data, cfg.model, cfg.train.seed), cfg.train.seed)
+    with torch.no_grad():
+        losses = [F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+                  for x, y in (stream.batch("train", 0, m, 0, 1, 2, 8) for m in range(4))]
+    expected = torch.stack(losses).mean().item()
+    run_dir = tmp_path / "init_from"
+    rows = launch(run_dir, *BASE, "train.max_steps=1", f"model.init_from={out}")
+    first = [r for r in rows if "loss" in r][0]["loss"]
+    assert abs(first - expected) <= 1e-5, (first, expected)
+    assert first < uninterrupted["dp2"][1] - 0.3  # trained weights, not a fresh init

@@ -100,14 +100,41 @@ class PrecisionConfig:
 
 @dataclass
 class ClusterConfig:
-    # local (this node); ssh and slurm come with multi-node launch.
+    # local (this node) | ssh (hosts of a hostfile) | slurm (sbatch)
     name: str = "local"
     nnodes: int = 1
     nproc_per_node: int = 2
+    # local: this node's rank when you start each node by hand.
     node_rank: int = 0
+    # local: rendezvous host; ssh/slurm use their first node.
     master_addr: str = "127.0.0.1"
-    # 0 = pick a free port at launch time.
+    # Rendezvous port; 0 = a free port (local) or 29500 (ssh, slurm).
     master_port: int = 0
+    # Python on the nodes (null = the launcher's own interpreter path) and the folder commands run in
+    # (null = the launcher's working directory); both must exist on every node (shared filesystem).
+    python: Optional[str] = None
+    workdir: Optional[str] = None
+    # ssh: DeepSpeed-style hostfile (`host slots=N`), host filters (',' or '@' separated), ssh options.
+    hostfile: Optional[str] = None
+    include: Optional[str] = None
+    exclude: Optional[str] = None
+    ssh_port: Optional[int] = None
+    ssh_user: Optional[str] = None
+    ssh_identity: Optional[str] = None
+    ssh_config: Optional[str] = None
+    # slurm: sbatch options.
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    time: Optional[str] = None
+    gpus_per_node: int = 0
+    cpus_per_node: Optional[int] = None
+    job_name: Optional[str] = None
+    requeue: bool = True
+    # Seconds before the time limit at which Slurm sends SIGUSR1 (checkpoint and stop).
+    signal_before_end_s: int = 120
+    sbatch_extra: List[str] = field(default_factory=list)
+    # After submitting, follow the job's state and log until it ends and exit with its status.
+    follow: bool = False
 
 
 @dataclass

@@ -65,6 +65,11 @@ def _validate_model(cfg: DictConfig) -> None:
         _positive(cfg, "model.head_dim")
     _require(0.0 <= m.dropout < 1.0, "model.dropout", f"must be in [0, 1) (got {m.dropout})")
     _require(m.init_std > 0, "model.init_std", f"must be > 0 (got {m.init_std})")
+    if m.init_from:
+        import os
+
+        _require(os.path.exists(os.path.expanduser(m.init_from)), "model.init_from", f"no such file or folder: "
+                                                                                   f"{m.init_from}")
 
 
 def _validate_parallel(cfg: DictConfig) -> None:
@@ -162,7 +167,7 @@ def _validate_data(cfg: DictConfig) -> None:
     if d.dtype is not None:
         _require(d.dtype in TOKEN_DTYPES, "data.dtype", f"must be one of {TOKEN_DTYPES} (got {d.dtype})")
     if d.name == "memmap":
-        _require(bool(d.path), "data.path", "memmap data needs data.path (a token file from `llmtrain data prepare`)")
+        _require(bool(d.path) and d.path != "???", "data.path", "memmap data needs data.path (a token file from `llmtrain data prepare`)")
         _require(os.path.isfile(str(d.path)), "data.path", f"no such file: {d.path}")
     if d.name == "stdlib":
         _require(bool(d.path), "data.path", "the stdlib corpus needs a data.path to build into")
@@ -194,3 +199,16 @@ def _validate_cluster(cfg: DictConfig) -> None:
     _require(cfg.launch.pg_timeout_s > 0, "launch.pg_timeout_s", f"must be > 0 (got {cfg.launch.pg_timeout_s})")
     _require(cfg.checkpoint.interval >= 0, "checkpoint.interval", f"must be >= 0 (got {cfg.checkpoint.interval})")
     _require(cfg.checkpoint.keep >= 1, "checkpoint.keep", f"must be >= 1 (got {cfg.checkpoint.keep})")
+    from llmtrain.launch.backend import BACKENDS
+
+    _require(c.name in BACKENDS, "cluster.name", f"unknown cluster backend '{c.name}' (choose from {BACKENDS})")
+    if c.name == "ssh":
+        from llmtrain.launch.hostfile import cluster_hosts
+
+        _require(c.hostfile not in (None, "???"), "cluster.hostfile",
+                 "cluster=ssh needs a hostfile: cluster.hostfile=FILE (lines of 'hostname slots=N')")
+        cluster_hosts(c)
+    if c.name == "local" and c.nnodes > 1:
+        _require(c.master_addr not in ("127.0.0.1", "localhost"), "cluster.master_addr",
+                 "cluster=local with nnodes > 1 starts this node only: set cluster.master_addr to node 0's address "
+                 "(or use cluster=ssh / cluster=slurm to start every node from here)")

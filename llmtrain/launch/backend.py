@@ -31,13 +31,23 @@ class NodeCommand:
 class Backend(abc.ABC):
     name: str
 
-    def __init__(self, cfg: DictConfig, run_dir: str):
+    def __init__(self, cfg: DictConfig, run_dir: str, worker_module: str = "llmtrain.worker"):
         self.cfg = cfg
         self.run_dir = run_dir
+        # What torchrun runs on every rank: the trainer, or `llmtrain doctor`'s preflight.
+        self.worker_module = worker_module
 
     @abc.abstractmethod
     def node_commands(self) -> list[NodeCommand]:
         """The commands that start torchrun on each node (shown by --dry-run, run by launch)."""
+
+    def preview(self) -> str:
+        """What --dry-run prints after the config: each node's command and the environment it adds."""
+        out = []
+        for cmd in self.node_commands():
+            out.append(f"node {cmd.node_rank} ({cmd.host}):\n{cmd.shell()}\nenvironment added:")
+            out += [f"  {k}={v}" for k, v in sorted(cmd.env.items())]
+        return "\n".join(out)
 
     @abc.abstractmethod
     def run(self, monitor) -> int:
@@ -55,17 +65,21 @@ class Backend(abc.ABC):
         """Stop every process the backend started (Ctrl-C, failure, preemption timeout)."""
 
 
+def node_python(cfg: DictConfig) -> str:
+    return cfg.cluster.python or sys.executable
+
+
 def torchrun_argv(cfg: DictConfig, run_dir: str, nnodes: int, node_rank: int | None, rdzv_endpoint: str,
-                  rdzv_id: str) -> list[str]:
+                  rdzv_id: str, worker_module: str = "llmtrain.worker") -> list[str]:
     """torchrun for one node. c10d rendezvous: every node gets the same endpoint and id."""
     c = cfg.cluster
-    argv = [sys.executable, "-m", "torch.distributed.run",
+    argv = [node_python(cfg), "-m", "torch.distributed.run",
             f"--nnodes={nnodes}", f"--nproc-per-node={c.nproc_per_node}",
             "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}", f"--rdzv-id={rdzv_id}",
             f"--max-restarts={cfg.launch.max_restarts}"]
     if node_rank is not None:
         argv.append(f"--node-rank={node_rank}")
-    return argv + ["-m", "llmtrain.worker", run_dir]
+    return argv + ["-m", worker_module, run_dir]
 
 
 def worker_env(cfg: DictConfig) -> dict[str, str]:
@@ -73,8 +87,11 @@ def worker_env(cfg: DictConfig) -> dict[str, str]:
     torchrun restarts and imports work."""
     env = {str(k): str(v) for k, v in cfg.network.env.items()}
     env.update({str(k): str(v) for k, v in cfg.env.items()})
-    threads = cfg.launch.omp_num_threads or max(1, (os.cpu_count() or 1) // cfg.cluster.nproc_per_node)
-    env.setdefault("OMP_NUM_THREADS", str(threads))
+    if cfg.launch.omp_num_threads:
+        env.setdefault("OMP_NUM_THREADS", str(cfg.launch.omp_num_threads))
+    elif cfg.cluster.name == "local":
+        # This node's cores split over its processes (remote nodes: torchrun's own default applies).
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // cfg.cluster.nproc_per_node)))
     env.setdefault("PYTHONUNBUFFERED", "1")
     # Restarted workers otherwise reuse the agent's stale TCPStore and fail to connect (pytorch issue 135712).
     env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
@@ -85,11 +102,16 @@ def worker_env(cfg: DictConfig) -> dict[str, str]:
     return env
 
 
-def get_backend(cfg: DictConfig, run_dir: str) -> Backend:
-    from llmtrain.launch.local import LocalBackend
+BACKENDS = ("local", "ssh", "slurm")
 
-    backends = {"local": LocalBackend}
+
+def get_backend(cfg: DictConfig, run_dir: str, worker_module: str = "llmtrain.worker") -> Backend:
+    from llmtrain.launch.local import LocalBackend
+    from llmtrain.launch.slurm import SlurmBackend
+    from llmtrain.launch.ssh import SSHBackend
+
+    backends = {"local": LocalBackend, "ssh": SSHBackend, "slurm": SlurmBackend}
     if cfg.cluster.name not in backends:
         raise ConfigError("cluster.name", f"unknown cluster backend '{cfg.cluster.name}' "
                                           f"(available: {', '.join(backends)})")
-    return backends[cfg.cluster.name](cfg, run_dir)
+    return backends[cfg.cluster.name](cfg, run_dir, worker_module)

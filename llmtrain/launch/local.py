@@ -19,8 +19,8 @@ def free_port() -> int:
 class LocalBackend(Backend):
     name = "local"
 
-    def __init__(self, cfg, run_dir):
-        super().__init__(cfg, run_dir)
+    def __init__(self, cfg, run_dir, worker_module="llmtrain.worker"):
+        super().__init__(cfg, run_dir, worker_module)
         c = cfg.cluster
         self.port = c.master_port or free_port()
         self.proc = None
@@ -29,7 +29,8 @@ class LocalBackend(Backend):
     def node_commands(self) -> list[NodeCommand]:
         c = self.cfg.cluster
         argv = torchrun_argv(self.cfg, self.run_dir, c.nnodes, c.node_rank if c.nnodes > 1 else None,
-                             f"{c.master_addr}:{self.port}", rdzv_id=f"llmtrain-{self.port}")
+                             f"{c.master_addr}:{self.port}", rdzv_id=f"llmtrain-{self.port}",
+                             worker_module=self.worker_module)
         return [NodeCommand(host="localhost", node_rank=c.node_rank, argv=argv, env=worker_env(self.cfg))]
 
     def run(self, monitor) -> int:
@@ -49,7 +50,7 @@ class LocalBackend(Backend):
         return monitor.follow(self.proc.poll, timeout_s=timeout_s)
 
     def signal_workers(self, sig: int) -> int:
-        return processes.signal_matching(self.proc.pid, "llmtrain.worker", sig) if self.proc else 0
+        return processes.signal_workers(self.proc.pid, sig) if self.proc else 0
 
     def stop(self) -> None:
         if self.proc is not None:

@@ -12,12 +12,13 @@ import psutil
 
 
 def start(argv: list[str], env: dict[str, str], log_path: str, on_line: Callable[[str], None] | None = None,
-          cwd: str | None = None) -> subprocess.Popen:
+          cwd: str | None = None, stdin_pipe: bool = False) -> subprocess.Popen:
     """Run argv in its own session (a terminal's Ctrl-C reaches only the launcher, which then stops the tree in
     order); its output goes to log_path and, line by line, to on_line."""
     full_env = dict(os.environ)
     full_env.update(env)
-    proc = subprocess.Popen(argv, env=full_env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+    stdin = subprocess.PIPE if stdin_pipe else subprocess.DEVNULL
+    proc = subprocess.Popen(argv, env=full_env, cwd=cwd, stdin=stdin, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, start_new_session=True, text=True, bufsize=1)
 
     def pump() -> None:
@@ -39,16 +40,30 @@ def tree(pid: int) -> list[psutil.Process]:
         return []
 
 
-def signal_matching(pid: int, needle: str, sig: int) -> int:
-    """Send sig to the processes of pid's tree whose command line contains `needle`."""
+WORKER_MODULES = ("llmtrain.worker", "llmtrain.doctor_worker")
+
+
+def is_worker(p: psutil.Process) -> bool:
+    """A torchrun worker: `python -u -m llmtrain.worker ...`, not the agent whose argv also names the module."""
+    try:
+        argv = p.cmdline()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+    if "torch.distributed.run" in argv or "llmtrain.launch.node_agent" in argv:
+        return False
+    return any(argv[i] == "-m" and argv[i + 1] in WORKER_MODULES for i in range(len(argv) - 1))
+
+
+def signal_workers(pid: int, sig: int) -> int:
+    """Send sig to the worker processes in pid's tree (never to torchrun agents: SIGUSR1 would kill them)."""
     sent = 0
     for p in tree(pid):
-        try:
-            if needle in " ".join(p.cmdline()):
+        if is_worker(p):
+            try:
                 p.send_signal(sig)
                 sent += 1
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
+            except psutil.NoSuchProcess:
+                continue
     return sent
 
 

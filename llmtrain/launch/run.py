@@ -49,12 +49,7 @@ def dry_run(cfg: DictConfig) -> int:
     console.print(to_yaml(cfg), markup=False, highlight=False)
     console.print(layout_table(cfg))
     console.rule("commands (nothing was started)")
-    for cmd in backend.node_commands():
-        console.print(f"[bold]node {cmd.node_rank} ({cmd.host}):[/]")
-        console.print(cmd.shell(), markup=False, highlight=False, soft_wrap=True)
-        console.print("[bold]environment added:[/]")
-        for k, v in sorted(cmd.env.items()):
-            console.print(f"  {k}={v}", markup=False, highlight=False)
+    console.print(backend.preview(), markup=False, highlight=False, soft_wrap=True)
     return 0
 
 

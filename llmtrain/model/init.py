@@ -36,13 +36,18 @@ def full_init_value(name: str, shape: torch.Size, seed: int, std: float, n_layer
 
 
 @torch.no_grad()
-def init_parameters(model: nn.Module, seed: int, std: float, n_layers: int) -> None:
-    """Fill every parameter of `model` (plain or DTensor, already on its device) with its layout-free value."""
+def init_parameters(model: nn.Module, seed: int, std: float, n_layers: int,
+                    pretrained: dict[str, torch.Tensor] | None = None) -> None:
+    """Fill every parameter of `model` (plain or DTensor, already on its device) with its layout-free value:
+    the `pretrained` full tensor of that name when given (model.init_from), else the seeded GPT-2 init."""
     for name, param in model.named_parameters():
         name = name.replace("_checkpoint_wrapped_module.", "")
         # A pipeline's last stage holds its own copy of the tied head: same value as the embedding.
         name = "embed.tok.weight" if name == "head.weight" else name
-        full = full_init_value(name, param.shape, seed, std, n_layers)
+        if pretrained is not None:
+            full = pretrained[name].to(torch.float32)
+        else:
+            full = full_init_value(name, param.shape, seed, std, n_layers)
         if isinstance(param, DTensor):
             # src_data_rank=None: every rank holds the same full value, so each slices locally (no communication).
             local = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None).to_local()

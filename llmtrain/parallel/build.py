@@ -108,6 +108,11 @@ def build_parallel_model(cfg: DictConfig, dims: ParallelDims, mesh: Meshes, devi
     param_dtype = _DTYPES[cfg.precision.compute_dtype]
     param_dtype = None if param_dtype == torch.float32 else param_dtype
     reduce_dtype = _DTYPES[cfg.precision.reduce_dtype]
+    pretrained = None
+    if cfg.model.init_from:
+        from llmtrain.checkpoint.export import load_pretrained
+
+        pretrained = load_pretrained(cfg.model.init_from, cfg.model)
 
     def finish(part: nn.Module) -> nn.Module:
         if dims.tp > 1:
@@ -115,7 +120,7 @@ def build_parallel_model(cfg: DictConfig, dims: ParallelDims, mesh: Meshes, devi
         apply_data_parallel(part, mesh.dp_2d, dims, param_dtype, reduce_dtype)
         part.to_empty(device=device)
         part.tie_weights()
-        init_parameters(part, cfg.train.seed, cfg.model.init_std, cfg.model.n_layers)
+        init_parameters(part, cfg.train.seed, cfg.model.init_std, cfg.model.n_layers, pretrained)
         return part
 
     if dims.pp == 1:

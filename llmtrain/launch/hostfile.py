@@ -1,0 +1,91 @@
+"""DeepSpeed-style hostfiles: one `hostname slots=N` per line, `#` comments, blank lines ignored.
+
+Hostnames are checked against a strict pattern before anything uses them: a line holding shell metacharacters
+is an error naming the file and line, so it can never reach a remote shell.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from llmtrain.config.errors import ConfigError
+
+_HOST = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
+_SLOTS = re.compile(r"^slots=(\d+)$")
+
+
+@dataclass(frozen=True)
+class Host:
+    name: str
+    slots: int
+
+
+def parse_hostfile(path: str) -> list[Host]:
+    try:
+        with open(path) as f:
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        raise ConfigError("cluster.hostfile", f"no such file: {path}") from None
+    except OSError as e:
+        raise ConfigError("cluster.hostfile", f"cannot read {path}: {e.strerror}") from None
+    hosts, seen = [], set()
+    for number, raw in enumerate(lines, 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        parts = line.split()
+        where = f"{path}:{number}"
+        if not _HOST.match(parts[0]):
+            raise ConfigError("cluster.hostfile", f"{where}: invalid hostname {parts[0]!r} (letters, digits, "
+                                                  "'.', '-', '_' only)")
+        if len(parts) > 2 or (len(parts) == 2 and not _SLOTS.match(parts[1])):
+            raise ConfigError("cluster.hostfile", f"{where}: expected 'hostname slots=N', got {raw.strip()!r}")
+        slots = int(_SLOTS.match(parts[1]).group(1)) if len(parts) == 2 else 1
+        if parts[0] in seen:
+            raise ConfigError("cluster.hostfile", f"{where}: host {parts[0]} is listed twice")
+        seen.add(parts[0])
+        hosts.append(Host(parts[0], slots))
+    if not hosts:
+        raise ConfigError("cluster.hostfile", f"{path} lists no hosts")
+    return hosts
+
+
+def _host_list(value: str | None, key: str) -> list[str]:
+    if not value:
+        return []
+    names = [n.strip() for n in re.split(r"[,@]", value) if n.strip()]
+    for n in names:
+        if not _HOST.match(n):
+            raise ConfigError(key, f"invalid hostname {n!r}")
+    return names
+
+
+def select_hosts(hosts: list[Host], include: str | None, exclude: str | None) -> list[Host]:
+    """Apply cluster.include / cluster.exclude (host names separated by ',' or '@', as DeepSpeed's --include)."""
+    known = {h.name for h in hosts}
+    inc, exc = _host_list(include, "cluster.include"), _host_list(exclude, "cluster.exclude")
+    for key, names in (("cluster.include", inc), ("cluster.exclude", exc)):
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            raise ConfigError(key, f"not in the hostfile: {', '.join(unknown)}")
+    chosen = [h for h in hosts if (not inc or h.name in inc) and h.name not in exc]
+    if not chosen:
+        raise ConfigError("cluster.include", "no host left after cluster.include / cluster.exclude")
+    return chosen
+
+
+def cluster_hosts(cluster_cfg) -> list[Host]:
+    """The hosts a cluster=ssh config runs on: the first cluster.nnodes of the selected ones."""
+    if not cluster_cfg.hostfile:
+        raise ConfigError("cluster.hostfile", "cluster=ssh needs a hostfile (lines of 'hostname slots=N')")
+    hosts = select_hosts(parse_hostfile(cluster_cfg.hostfile), cluster_cfg.include, cluster_cfg.exclude)
+    n = cluster_cfg.nnodes
+    if len(hosts) < n:
+        raise ConfigError("cluster.nnodes", f"nnodes={n} but the hostfile (after include/exclude) has "
+                                            f"{len(hosts)} host(s): {', '.join(h.name for h in hosts)}")
+    short = [h.name for h in hosts[:n] if h.slots < cluster_cfg.nproc_per_node]
+    if short:
+        raise ConfigError("cluster.nproc_per_node", f"nproc_per_node={cluster_cfg.nproc_per_node} exceeds the "
+                                                    f"slots of {', '.join(short)} in {cluster_cfg.hostfile}")
+    return hosts[:n]

@@ -1,0 +1,107 @@
+"""Runs on each node under ssh or srun: `python -m llmtrain.launch.node_agent RUN_DIR NODE_RANK|slurm -- CMD...`.
+
+It starts CMD (torchrun) in its own session and ties it to its controller:
+- stdin closing (the launcher died, was stopped, or the ssh connection dropped) stops the whole tree, so no
+  process is left on the node; a line "preempt" asks the workers to checkpoint (SIGUSR1);
+- SIGTERM / SIGUSR1 to the agent (Slurm preemption or time limit) are passed to the workers as SIGUSR1;
+- the effective environment is recorded in RUN_DIR/logs/node{N}.env.
+It exits with CMD's exit status.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+# Variables worth recording: they decide how collectives reach the other nodes.
+RECORDED_PREFIXES = ("NCCL_", "GLOO_", "CUDA_", "TORCH_", "OMP_", "MASTER_", "SLURM_", "LLMTRAIN_", "UCX_",
+                     "FI_", "PYTHONPATH", "LD_LIBRARY_PATH", "HOSTNAME")
+
+
+def record_env(run_dir: str, node_rank: int) -> None:
+    path = os.path.join(run_dir, "logs", f"node{node_rank}.env")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    lines = [f"{k}={v}\n" for k, v in sorted(os.environ.items()) if k.startswith(RECORDED_PREFIXES)]
+    lines.insert(0, f"# node {node_rank} host {os.uname().nodename}\n")
+    with open(path, "w") as f:
+        f.writelines(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import psutil
+
+    from llmtrain.launch.processes import is_worker
+
+    argv = sys.argv[1:] if argv is None else argv
+    if "--" not in argv or argv.index("--") != 2:
+        print("usage: python -m llmtrain.launch.node_agent RUN_DIR NODE_RANK -- CMD...", file=sys.stderr)
+        return 2
+    run_dir, cmd = argv[0], argv[3:]
+    # "slurm": srun starts the same command on every node; the node rank comes from Slurm.
+    node_rank = int(os.environ["SLURM_NODEID"]) if argv[1] == "slurm" else int(argv[1])
+    record_env(run_dir, node_rank)
+    # torchrun must outlive SIGUSR1 (Slurm signals every process of the step): the workers handle it, the agent
+    # would die of it. Workers install their own handler over the inherited SIG_IGN.
+    child = subprocess.Popen(cmd, start_new_session=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGUSR1, signal.SIG_IGN))
+    stopping = threading.Event()
+
+    def workers() -> list:
+        try:
+            procs = psutil.Process(child.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+        return [p for p in procs if is_worker(p)]
+
+    def preempt(*_) -> None:
+        for p in workers():
+            try:
+                p.send_signal(signal.SIGUSR1)
+            except psutil.NoSuchProcess:
+                pass
+
+    def stop_tree() -> None:
+        if stopping.is_set():
+            return
+        stopping.set()
+        try:
+            procs = [psutil.Process(child.pid)] + psutil.Process(child.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return
+        for p in procs:
+            try:
+                p.terminate()
+            except psutil.NoSuchProcess:
+                pass
+        _, alive = psutil.wait_procs(procs, timeout=10)
+        for p in alive:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+
+    def watch_stdin() -> None:
+        for line in sys.stdin:
+            if line.strip() == "preempt":
+                preempt()
+            elif line.strip() == "stop":
+                break
+        if child.poll() is None:
+            stop_tree()
+
+    signal.signal(signal.SIGTERM, preempt)
+    signal.signal(signal.SIGUSR1, preempt)
+    if not sys.stdin.isatty() and os.environ.get("LLMTRAIN_AGENT_WATCH_STDIN", "1") == "1":
+        threading.Thread(target=watch_stdin, daemon=True).start()
+    while True:
+        try:
+            return child.wait()
+        except KeyboardInterrupt:
+            stop_tree()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
