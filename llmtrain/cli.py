@@ -69,6 +69,14 @@ def build_parser() -> argparse.ArgumentParser:
                         help="largest all-reduce message (default 16 MiB on CPU, 256 MiB on CUDA)")
     doctor.add_argument("--iters", type=int, default=5, help="timed all-reduces per size (default 5)")
 
+    compare = sub.add_parser("compare", help="two runs' loss curves side by side (table + PNG), largest divergence",
+                             description="Compare the loss curves of two runs: a table of evenly spaced steps, "
+                                         "the largest divergence, and a PNG plot of both curves and their "
+                                         "difference.")
+    from llmtrain.report.compare import add_compare_arguments
+
+    add_compare_arguments(compare)
+
     data = sub.add_parser("data", help="data tools (prepare)", description="Data tools.")
     data_sub = data.add_subparsers(dest="data_command", metavar="DATA_COMMAND", parser_class=_Parser)
     prepare = data_sub.add_parser("prepare", help="tokenize text files into a token file (nanoGPT .bin)",
@@ -104,6 +112,10 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_launch(args)
         if args.command == "config":
             return cmd_config(args)
+        if args.command == "compare":
+            from llmtrain.report.compare import run_compare
+
+            return run_compare(args)
         if args.command == "doctor":
             from llmtrain.doctor import run_doctor
 

@@ -91,7 +91,8 @@ class CheckpointManager:
         if self.pending is None:
             return
         done = torch.tensor([1 if self.pending[0].done() else 0], dtype=torch.int32)
-        dist.all_reduce(done, op=dist.ReduceOp.MIN, group=self.group)
+        # On the default group: the save's own group is busy in the background thread.
+        dist.all_reduce(done, op=dist.ReduceOp.MIN)
         if done.item():
             self.wait()
 

@@ -99,6 +99,21 @@ class PrecisionConfig:
 
 
 @dataclass
+class RecomputeConfig:
+    # none | full (whole blocks) | selective (attention core only)
+    mode: str = "none"
+    # Recompute every N-th block (by global layer index); 1 = all.
+    every: int = 1
+
+
+@dataclass
+class OptimConfig:
+    # Fused AdamW kernel: none (plain torch), torch (torch's fused=True, CUDA), apex (apex FusedAdam +
+    # FusedLayerNorm; needs NVIDIA apex).
+    fused: str = "none"
+
+
+@dataclass
 class ClusterConfig:
     # local (this node) | ssh (hosts of a hostfile) | slurm (sbatch)
     name: str = "local"
@@ -183,6 +198,8 @@ class LLMTrainConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     data: DataConfig = field(default_factory=DataConfig)
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    recompute: RecomputeConfig = field(default_factory=RecomputeConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
     run: RunConfig = field(default_factory=RunConfig)

@@ -13,7 +13,13 @@ def padded_vocab_size(model_cfg) -> int:
     return -(-model_cfg.vocab_size // m) * m
 
 DEVICES = ("auto", "cpu", "cuda")
-PRECISIONS = ("fp32", "bf16", "fp16")
+PRECISIONS = ("fp32", "bf16", "fp16", "apex-o1", "apex-o2")
+APEX_INSTALL = ("NVIDIA apex is not installed (it is not on PyPI): build it from source with "
+                "git clone https://github.com/NVIDIA/apex && cd apex && pip install -v --no-build-isolation "
+                "--config-settings --build-option=--cpp_ext --config-settings --build-option=--cuda_ext ./ ; "
+                "or use precision=bf16|fp16 and optim.fused=torch (PyTorch-native, recommended)")
+FUSED = ("none", "torch", "apex")
+RECOMPUTE_MODES = ("none", "full", "selective")
 DTYPES = ("float32", "bfloat16", "float16")
 DATA_SOURCES = ("synthetic", "memmap", "stdlib")
 TOKEN_DTYPES = ("uint16", "uint32")
@@ -52,6 +58,24 @@ def validate(cfg: DictConfig) -> None:
     _validate_data(cfg)
     _validate_precision(cfg)
     _validate_cluster(cfg)
+    _validate_recompute_and_optim(cfg)
+
+
+def apex_available() -> bool:
+    try:
+        import apex  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _validate_recompute_and_optim(cfg: DictConfig) -> None:
+    r, o = cfg.recompute, cfg.optim
+    _require(r.mode in RECOMPUTE_MODES, "recompute.mode", f"must be one of {RECOMPUTE_MODES} (got {r.mode})")
+    _require(r.every >= 1, "recompute.every", f"must be >= 1 (got {r.every})")
+    _require(o.fused in FUSED, "optim.fused", f"must be one of {FUSED} (got {o.fused})")
+    if o.fused == "apex":
+        _require(apex_available(), "optim.fused", APEX_INSTALL)
 
 
 def _validate_model(cfg: DictConfig) -> None:
@@ -181,6 +205,8 @@ def _validate_precision(cfg: DictConfig) -> None:
     _require(pr.name in PRECISIONS, "precision.name", f"unknown precision '{pr.name}' (choose from {PRECISIONS})")
     for key in ("compute_dtype", "reduce_dtype"):
         _require(pr[key] in DTYPES, f"precision.{key}", f"must be one of {DTYPES} (got {pr[key]})")
+    if pr.name.startswith("apex-"):
+        _require(apex_available(), "precision", APEX_INSTALL)
     if pr.name == "fp16":
         _require(pr.init_scale > 0, "precision.init_scale", f"must be > 0 (got {pr.init_scale})")
         _require(pr.growth_factor > 1.0, "precision.growth_factor", f"must be > 1 (got {pr.growth_factor})")

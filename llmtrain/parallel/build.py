@@ -18,12 +18,14 @@ from llmtrain.model import GPT, GPTArgs, init_parameters
 from llmtrain.parallel import pipeline as pp_lib
 from llmtrain.parallel.data_parallel import apply_data_parallel
 from llmtrain.parallel.layout import ParallelDims
+from llmtrain.parallel.recompute import apply_recompute
 from llmtrain.parallel.mesh import Meshes
 from llmtrain.parallel.tensor_parallel import apply_tensor_parallel
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 TIED_COPY = "head.weight"  # on a last pipeline stage that does not also hold the embedding
 TIED_SOURCE = "embed.tok.weight"
+CHECKPOINT_PREFIX = "_checkpoint_wrapped_module."  # added by full recompute's checkpoint_wrapper
 
 
 class ParallelModel:
@@ -42,12 +44,13 @@ class ParallelModel:
         self.has_last_stage = num_stages == 1 or (num_stages - 1) in self.stage_ids
 
     def named_parameters(self):
+        """Parameters by their model name (wrapper prefixes removed), each once."""
         seen = set()
         for part in self.parts:
             for name, p in part.named_parameters():
                 if id(p) not in seen:
                     seen.add(id(p))
-                    yield name, p
+                    yield name.replace(CHECKPOINT_PREFIX, ""), p
 
     def parameters(self) -> list[nn.Parameter]:
         return [p for _, p in self.named_parameters()]
@@ -117,6 +120,11 @@ def build_parallel_model(cfg: DictConfig, dims: ParallelDims, mesh: Meshes, devi
     def finish(part: nn.Module) -> nn.Module:
         if dims.tp > 1:
             apply_tensor_parallel(part, mesh.tp, pp.sequence_parallel)
+        apply_recompute(part, cfg.recompute.mode, cfg.recompute.every)
+        if cfg.optim.fused == "apex":
+            from llmtrain.train.apex_support import fused_layernorm
+
+            fused_layernorm(part)
         apply_data_parallel(part, mesh.dp_2d, dims, param_dtype, reduce_dtype)
         part.to_empty(device=device)
         part.tie_weights()

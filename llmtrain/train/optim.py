@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 
-def build_optimizer(modules: list[nn.Module], train_cfg) -> torch.optim.AdamW:
+def build_optimizer(modules: list[nn.Module], train_cfg, fused: str = "none") -> torch.optim.Optimizer:
     decay, no_decay = [], []
     seen: set[int] = set()
     for module in modules:
@@ -20,9 +20,14 @@ def build_optimizer(modules: list[nn.Module], train_cfg) -> torch.optim.AdamW:
             (decay if param.dim() >= 2 else no_decay).append(param)
     groups = [{"params": decay, "weight_decay": train_cfg.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
+    if fused == "apex":
+        from llmtrain.train.apex_support import fused_adam
+
+        return fused_adam(groups, train_cfg)
+    kernel = {"fused": True} if fused == "torch" else {"foreach": False}
     # foreach=False keeps DTensor parameters of different meshes (TP vs replicated) in separate kernels.
     return torch.optim.AdamW(groups, lr=train_cfg.lr, betas=(train_cfg.beta1, train_cfg.beta2),
-                             eps=train_cfg.eps, foreach=False)
+                             eps=train_cfg.eps, **kernel)
 
 
 def lr_at(step: int, train_cfg) -> float:

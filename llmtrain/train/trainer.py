@@ -66,8 +66,18 @@ class Trainer:
 
         self.model: ParallelModel = build_parallel_model(cfg, self.dims, self.mesh, device)
         self.params = self.model.parameters()
-        self.optimizer = build_optimizer(self.model.parts, cfg.train)
+        self.optimizer = build_optimizer(self.model.parts, cfg.train, cfg.optim.fused)
         p = cfg.precision
+        self.apex_amp = None
+        if p.name.startswith("apex-"):
+            from llmtrain.train.apex_support import amp_initialize
+
+            model, self.optimizer = amp_initialize(self.model.parts[0], self.optimizer, p.name,
+                                                   dist.get_world_size())
+            self.model.parts[0] = model
+            import apex.amp
+
+            self.apex_amp = apex.amp  # apex scales the loss itself
         self.scaler = DynamicLossScaler(p.init_scale, p.growth_factor, p.backoff_factor, p.growth_interval,
                                         enabled=p.name == "fp16")
         self.dataset = build_dataset(cfg.data, cfg.model, cfg.train.seed)
@@ -99,7 +109,7 @@ class Trainer:
 
     # ---- one optimizer step ------------------------------------------------------------------------------------
     def autocast(self):
-        if self.compute_dtype == torch.float32:
+        if self.compute_dtype == torch.float32 or self.cfg.precision.name.startswith("apex-"):
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.compute_dtype)
 
@@ -128,7 +138,11 @@ class Trainer:
                 with self.autocast():
                     logits = model(x)
                 loss = self.loss_fn(logits, y)
-                self.scaler.scale_loss(loss / self.accum).backward()
+                if self.apex_amp is not None:
+                    with self.apex_amp.scale_loss(loss / self.accum, self.optimizer) as scaled:
+                        scaled.backward()
+                else:
+                    self.scaler.scale_loss(loss / self.accum).backward()
             total += plain(loss.detach())
         return total / self.accum
 
@@ -151,6 +165,7 @@ class Trainer:
         for part in self.model.parts:
             part.train()
         local_loss = self.forward_backward()
+        self._inject_nonfinite_for_tests()
         self.model.sync_tied_weights()
         overflow = self.scaler.unscale_and_check(self.params, self.device)
         grad_norm = clip_grad_norm_(self.params, self.cfg.train.grad_clip, self.pp_group,
@@ -158,6 +173,8 @@ class Trainer:
         grad_norm_value = float(grad_norm)
         # grad_norm is global (same on every rank), so every rank takes the same decision.
         bad = overflow or not math.isfinite(grad_norm_value)
+        if bad:
+            self._report_nonfinite(overflow)
         if not bad:
             set_lr(self.optimizer, lr_at(self.step, self.cfg.train))
             self.optimizer.step()
@@ -166,6 +183,36 @@ class Trainer:
         self.scaler.update(overflow)
         self.optimizer.zero_grad(set_to_none=True)
         return StepResult(loss=self.global_mean_loss(local_loss), grad_norm=grad_norm_value, skipped=bad)
+
+    def _inject_nonfinite_for_tests(self) -> None:
+        """Testing hook: LLMTRAIN_INJECT_NONFINITE="STEP:RANK[,STEP:RANK]" puts an inf into one gradient of that
+        rank at that (1-based) step, to exercise overflow handling where only one rank overflows."""
+        spec = os.environ.get("LLMTRAIN_INJECT_NONFINITE")
+        if not spec:
+            return
+        targets = {tuple(int(v) for v in item.split(":")) for item in spec.split(",") if item}
+        if (self.step + 1, self.rank) not in targets:
+            return
+        for p in self.params:
+            if p.grad is not None:
+                g = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+                if g.numel():
+                    g.view(-1)[0] = float("inf")
+                    return
+
+    def _report_nonfinite(self, overflow: bool) -> None:
+        """Name the ranks whose own gradients are non-finite (all ranks skip the step either way)."""
+        local = any(not torch.isfinite(p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad).all()
+                    for p in self.params if p.grad is not None)
+        flags = torch.zeros(dist.get_world_size(), dtype=torch.int32)
+        flags[self.rank] = int(local)
+        dist.all_reduce(flags)
+        ranks = [r for r, f in enumerate(flags.tolist()) if f]
+        what = "fp16 overflow" if overflow else "non-finite loss/gradients"
+        scale = f"; loss scale {self.scaler.scale:g} -> {self.scaler.scale * self.scaler.backoff_factor:g}" \
+            if overflow else ""
+        self.log(f"llmtrain: step {self.step + 1}: {what} on rank(s) {ranks or '?'}; update skipped on every "
+                 f"rank{scale}", flush=True)
 
     def global_mean_loss(self, local_loss: torch.Tensor) -> float:
         """Loss averaged over dp; under pp only the last stage has it, so sum over the pp group first."""
@@ -243,6 +290,10 @@ class Trainer:
         window_start, window_tokens = time.perf_counter(), 0
         run_start = time.perf_counter()
         last = min(t.max_steps, t.stop_at_step) if t.stop_at_step else t.max_steps
+        first_step = self.step
+        if first_step >= last:
+            self.log(f"llmtrain: nothing to do: already at step {self.step} (train.max_steps={t.max_steps}"
+                     + (f", train.stop_at_step={t.stop_at_step}" if t.stop_at_step else "") + ")", flush=True)
         while self.step < last:
             step_start = time.perf_counter()
             result = self.train_step()
@@ -278,7 +329,7 @@ class Trainer:
             interval = self.cfg.checkpoint.interval
             if interval and self.step % interval == 0 and self.step < last:
                 self.ckpt.save(self, asynchronous=self.cfg.checkpoint["async"])
-        if self.cfg.checkpoint.at_end or self.step < t.max_steps:
+        if self.step > first_step and (self.cfg.checkpoint.at_end or self.step < t.max_steps):
             self.ckpt.save(self, asynchronous=False)
         self.ckpt.wait()
         self.metrics.close()
@@ -290,8 +341,7 @@ class Trainer:
             self.bad_steps = 0 if not result.skipped else self.bad_steps
             return
         self.bad_steps += 1
-        print(f"llmtrain: rank {self.rank}: step {self.step} had a non-finite loss/gradient "
-              f"(loss {result.loss}, grad_norm {result.grad_norm}); update skipped", flush=True)
         if self.bad_steps >= self.cfg.train.max_bad_steps:
             raise RuntimeError(f"{self.bad_steps} consecutive non-finite steps (train.max_bad_steps="
-                               f"{self.cfg.train.max_bad_steps}); stopping at step {self.step}")
+                               f"{self.cfg.train.max_bad_steps}); stopping at step {self.step} without saving: "
+                               "the newest checkpoint is the last good state")

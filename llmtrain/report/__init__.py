@@ -1,0 +1,1 @@
+"""Reading runs back: comparing loss curves (and, later, run reports)."""

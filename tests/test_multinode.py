@@ -1,0 +1,139 @@
+"""Multi-node launch for real: two hosts as network namespaces with an sshd each and a two-node Slurm cluster
+(scripts/testcluster.sh). Skipped, with the reason, where root or network namespaces are missing."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+from cluster_fixture import cluster  # noqa: F401 - the session fixture
+from conftest import SMALL, launch, read_rows, run_cli, train_losses, wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.cluster]
+# One process per node; DP2 across the two nodes.
+COMMON = SMALL + ["train.max_steps=8", "train.global_batch_size=8", "train.micro_batch_size=2",
+                  "cluster.nnodes=2", "cluster.nproc_per_node=1"]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("ref") / "run"
+    launch(run_dir, *SMALL, "train.max_steps=8", "train.global_batch_size=8", "train.micro_batch_size=2")
+    return train_losses(run_dir)
+
+
+@pytest.fixture
+def hostfile(tmp_path):
+    path = tmp_path / "hosts.txt"
+    path.write_text("# two namespace hosts\nnode1 slots=1\nnode2 slots=1   # second node\n")
+    return path
+
+
+def ssh_args(cluster, hostfile):  # noqa: F811
+    return ["cluster=ssh", f"cluster.hostfile={hostfile}", f"cluster.ssh_config={cluster.ssh_config}"]
+
+
+def node_processes(run_dir) -> list[psutil.Process]:
+    """Every process of this run on any node (namespaces share the PID space)."""
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if str(run_dir) in cmd and ("llmtrain" in cmd or "torch.distributed.run" in cmd) and "pytest" not in cmd:
+            out.append(p)
+    return out
+
+
+def test_ssh_two_nodes_match_one_node(cluster, hostfile, reference, tmp_path):  # noqa: F811
+    run_dir = tmp_path / "run"
+    result = run_cli(["launch", f"run.dir={run_dir}", *COMMON, *ssh_args(cluster, hostfile),
+                      "+env.LLMTRAIN_TEST_MARK=propagated"], env=cluster.env, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    losses = train_losses(run_dir)
+    assert sorted(losses) == list(range(1, 9))
+    assert max(abs(losses[s] - reference[s]) for s in reference) <= 1e-5
+    # Each node ran on its own host, with the env: extras propagated and recorded.
+    for node, host in ((0, "node1"), (1, "node2")):
+        env = (run_dir / "logs" / f"node{node}.env").read_text()
+        assert f"host {host}" in env and "LLMTRAIN_TEST_MARK=propagated" in env
+    assert not node_processes(run_dir)
+
+
+def test_ssh_node_failure_stops_every_node(cluster, hostfile, tmp_path):  # noqa: F811
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "llmtrain", "launch", f"run.dir={run_dir}", *COMMON,
+                             "train.max_steps=100000", *ssh_args(cluster, hostfile)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, **cluster.env})
+    try:
+        assert wait_for(lambda: read_rows(run_dir), timeout=180), "training never started"
+        victims = [p for p in node_processes(run_dir) if p.cmdline()[1:4] == ["-u", "-m", "llmtrain.worker"]
+                   and p.environ().get("GROUP_RANK") == "1"]
+        assert len(victims) == 1
+        victims[0].send_signal(signal.SIGKILL)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode not in (0, None)
+    assert re.search(r"node 1 \(node2\) failed", out), out[-3000:]
+    assert wait_for(lambda: not node_processes(run_dir), timeout=30), node_processes(run_dir)
+
+
+def test_hostfile_with_shell_metacharacters_runs_nothing(cluster, tmp_path):  # noqa: F811
+    marker = tmp_path / "pwned"
+    bad = tmp_path / "hosts.txt"
+    bad.write_text(f"node1 slots=1\nnode2;touch$IFS{marker} slots=1\n")
+    result = run_cli(["launch", f"run.dir={tmp_path / 'run'}", *COMMON, "cluster=ssh",
+                      f"cluster.hostfile={bad}", f"cluster.ssh_config={cluster.ssh_config}"], env=cluster.env)
+    assert result.returncode == 2 and "cluster.hostfile" in result.stderr and ":2:" in result.stderr
+    time.sleep(1)
+    assert not marker.exists() and not (tmp_path / "run").exists()
+
+
+def test_slurm_two_nodes_match_and_requeue_resumes(cluster, reference, tmp_path):  # noqa: F811
+    run_dir = tmp_path / "run"
+    args = [*COMMON, "cluster=slurm", "cluster.gpus_per_node=0", "cluster.time=null", "cluster.follow=true",
+            "cluster.nnodes=2", "cluster.nproc_per_node=1"]
+    result = run_cli(["launch", f"run.dir={run_dir}", *args], env=cluster.env, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert re.search(r"submitted Slurm job \d+", result.stdout)
+    losses = train_losses(run_dir)
+    assert max(abs(losses[s] - reference[s]) for s in reference) <= 1e-5
+
+    # Requeue mid-run (what preemption does): the signal reaches the workers, they checkpoint, Slurm requeues
+    # the job, and it resumes from that checkpoint by itself to the uninterrupted run's final loss.
+    run_dir = tmp_path / "requeue"
+    steps = 400
+    proc = subprocess.Popen([sys.executable, "-m", "llmtrain", "launch", f"run.dir={run_dir}", *args,
+                             f"train.max_steps={steps}", "train.stop_at_step=40"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, **cluster.env})
+    try:
+        assert wait_for(lambda: any(r.get("step", 0) >= 3 for r in read_rows(run_dir)), timeout=180)
+        job = re.search(r"slurm-(\d+)\.out", " ".join(p.name for p in (run_dir / "logs").iterdir())).group(1)
+        subprocess.run(["scontrol", "requeue", job], check=True, env={**os.environ, **cluster.env})
+        out, _ = proc.communicate(timeout=400)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, out[-3000:]
+    log = (run_dir / "logs" / "rank0.log").read_text()
+    assert "preemption signal received" in log and "resumed from" in log
+    ref_dir = tmp_path / "requeue-ref"
+    launch(ref_dir, *SMALL, "train.global_batch_size=8", "train.micro_batch_size=2", f"train.max_steps={steps}",
+           "train.stop_at_step=40")
+    got, want = train_losses(run_dir), train_losses(ref_dir)
+    assert sorted(got) == list(range(1, 41))
+    assert max(abs(got[s] - want[s]) for s in want) <= 1e-5
+
+
+def test_doctor_across_both_nodes(cluster, hostfile, tmp_path):  # noqa: F811
+    result = run_cli(["doctor", f"run.dir={tmp_path / 'd'}", *COMMON, *ssh_args(cluster, hostfile),
+                      "--max-bytes", "1048576", "--iters", "2"], env=cluster.env, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "node1" in result.stdout and "node2" in result.stdout and "busbw" in result.stdout
+    assert "all ranks agree" in result.stdout
