@@ -72,6 +72,8 @@ live_pid() {  # live_pid PIDFILE STEM
   [ -r "/proc/$pid/comm" ] || return 1
   comm=$(cat "/proc/$pid/comm" 2>/dev/null || true)
   [ "$comm" = "$(expected_comm "$stem")" ] || return 1
+  # a zombie (killed, not yet reaped) counts as gone
+  [ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" != Z ] || return 1
   echo "$pid"
 }
 
@@ -150,6 +152,14 @@ teardown() {
       fi
     done < <(pid_files "$s")
   fi
+  # Slurm clients in the root namespace still attached to this cluster (srun waits forever once slurmd is gone).
+  if [ -d "$s" ]; then
+    for pid in $(pgrep -x srun; pgrep -x salloc; pgrep -x sattach); do
+      if { tr '\0' '\n' <"/proc/$pid/environ"; } 2>/dev/null | grep -xF "SLURM_CONF=$s/slurm.conf" >/dev/null; then
+        kill -KILL "$pid" 2>/dev/null || true
+      fi
+    done
+  fi
   # The namespaces, bridge and hosts block are global: leave them alone if another live cluster owns them.
   local owner net=1
   owner=$(cat "$OWNER_FILE" 2>/dev/null || true)
@@ -164,23 +174,23 @@ teardown() {
       done
     fi
   done
-  if [ ${#pids[@]} -gt 0 ] && ! wait_gone 50 "${pids[@]}"; then
+  if [ ${#pids[@]} -gt 0 ] && ! wait_gone 20 "${pids[@]}"; then   # slurmstepd ignores TERM: KILL after 2 s
     for pid in "${pids[@]}"; do [ -d "/proc/$pid" ] && kill -KILL "$pid" 2>/dev/null || true; done
     wait_gone 30 "${pids[@]}" || log "some processes did not exit: ${pids[*]}"
   fi
   if [ $net = 0 ]; then
     log "network objects belong to the live testcluster at $owner; left in place"
   else
-  for n in "${NODES[@]}"; do
-    ns=${NODE_NS[$n]}
-    if ns_exists "$ns"; then
-      for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$pid" 2>/dev/null || true; done
-      ip netns del "$ns" 2>/dev/null || true
-    fi
-    ip link del "${NODE_VETH[$n]}" 2>/dev/null || true
-  done
-  ip link del "$BRIDGE" 2>/dev/null || true
-  remove_hosts_block
+    for n in "${NODES[@]}"; do
+      ns=${NODE_NS[$n]}
+      if ns_exists "$ns"; then
+        for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$pid" 2>/dev/null || true; done
+        ip netns del "$ns" 2>/dev/null || true
+      fi
+      ip link del "${NODE_VETH[$n]}" 2>/dev/null || true
+    done
+    ip link del "$BRIDGE" 2>/dev/null || true
+    remove_hosts_block
   fi
   if [ -d "$s" ]; then
     rm -f "$s/cluster.state" "$s/slurmctld.pid" "$s"/slurmd-*.pid "$s"/sshd-*.pid "$s/munge/munged.pid"
@@ -205,25 +215,28 @@ cmd_down() {
 }
 
 # ----------------------------------------------------------------------------------------------------------- status
-cmd_status() {
-  local s=$1 n out pid
-  if [ ! -f "$s/cluster.state" ]; then echo "testcluster: not up ($s)"; fi
-  if [ -f "$s/slurm.conf" ]; then
-    SLURM_CONF="$s/slurm.conf" sinfo -N -o '%N %T %c %P' 2>&1 || true
+cmd_status() {  # exit 0 when the cluster is up and both nodes answer on ssh, 1 otherwise
+  local s=$1 n out pid ok=0
+  if [ -f "$s/cluster.state" ]; then
+    echo "testcluster up ($s): $(cat "$s/cluster.state")"
+    SLURM_CONF="$s/slurm.conf" sinfo -N -o '%N %T %c %P' 2>&1 || ok=1
   else
-    echo "no slurm.conf in $s"
+    echo "testcluster: not up ($s)"
+    ok=1
   fi
   for n in "${NODES[@]}"; do
     if [ -f "$s/ssh_config" ] && out=$(ssh -F "$s/ssh_config" "$n" hostname 2>&1); then
       echo "ssh $n: ok (hostname $out)"
     else
       echo "ssh $n: no answer"
+      ok=1
     fi
   done
   local stem file
   while read -r stem file; do
     if pid=$(live_pid "$file" "$stem"); then echo "$stem: pid $pid"; else echo "$stem: not running"; fi
   done < <(pid_files "$s")
+  return $ok
 }
 
 # --------------------------------------------------------------------------------------------------------------- up
@@ -317,6 +330,7 @@ EOF
 start_munged() {
   local s=$1 i
   mkdir -p "$s/munge"
+  chmod a+x "$s"   # munged runs as user munge and must traverse the state dir (mkdtemp makes it 0700)
   chown munge:munge "$s/munge"
   chmod 700 "$s/munge"
   if [ ! -s "$s/munge/munge.key" ]; then

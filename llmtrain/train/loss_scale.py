@@ -1,14 +1,14 @@
 """Dynamic loss scaling for fp16 that is correct under every layout.
 
 torch.amp.GradScaler decides per rank whether gradients overflowed; under tensor or pipeline parallel the ranks then
-disagree, issue different collectives and crash or hang (see the shared notes). Here the overflow flag is reduced
-(MAX) over every rank of the job before anyone decides, so all ranks skip the same steps and keep the same scale.
+disagree, issue different collectives and crash or hang (see the shared notes). Here each rank only reports its own
+flag; the trainer reduces it (MAX) over every rank of the job before anyone decides, so all ranks skip the same
+steps and keep the same scale.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 
@@ -28,7 +28,8 @@ class DynamicLossScaler:
 
     @torch.no_grad()
     def unscale_and_check(self, params: list[torch.nn.Parameter], device: torch.device) -> bool:
-        """Divide gradients by the scale; return True when any rank saw inf/NaN (then the step must be skipped)."""
+        """Divide gradients by the scale; return True when this rank's gradients hold inf/NaN. The caller agrees
+        on the flag across every rank (one MAX all-reduce) before skipping the step."""
         if not self.enabled:
             return False
         found = torch.zeros((), device=device)
@@ -39,8 +40,6 @@ class DynamicLossScaler:
             g = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
             g.mul_(inv)
             found = torch.maximum(found, (~torch.isfinite(g)).any().float())
-        if dist.is_initialized():
-            dist.all_reduce(found, op=dist.ReduceOp.MAX)
         return bool(found.item())
 
     def update(self, overflow: bool) -> None:

@@ -167,12 +167,15 @@ class Trainer:
         local_loss = self.forward_backward()
         self._inject_nonfinite_for_tests()
         self.model.sync_tied_weights()
-        overflow = self.scaler.unscale_and_check(self.params, self.device)
+        overflow_here = self.scaler.unscale_and_check(self.params, self.device)
         grad_norm = clip_grad_norm_(self.params, self.cfg.train.grad_clip, self.pp_group,
                                     norm_params=self.model.norm_parameters())
         grad_norm_value = float(grad_norm)
-        # grad_norm is global (same on every rank), so every rank takes the same decision.
-        bad = overflow or not math.isfinite(grad_norm_value)
+        # One MAX all-reduce makes every rank take the same decision, even when only one rank saw inf/NaN (a
+        # replicated gradient's norm is computed locally, so ranks could otherwise disagree and deadlock).
+        flags = torch.tensor([float(overflow_here), float(not math.isfinite(grad_norm_value))])
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        overflow, bad = bool(flags[0]), bool(flags.max())
         if bad:
             self._report_nonfinite(overflow)
         if not bad:
