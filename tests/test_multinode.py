@@ -72,8 +72,12 @@ def test_ssh_node_failure_stops_every_node(cluster, hostfile, tmp_path):  # noqa
                             env={**os.environ, **cluster.env})
     try:
         assert wait_for(lambda: read_rows(run_dir), timeout=180), "training never started"
-        victims = [p for p in node_processes(run_dir) if p.cmdline()[1:4] == ["-u", "-m", "llmtrain.worker"]
-                   and p.environ().get("GROUP_RANK") == "1"]
+        # The worker under node 1's agent (argv: ... node_agent RUN_DIR 1 -- torchrun ...) runs on node2.
+        agents = [p for p in node_processes(run_dir) if "llmtrain.launch.node_agent" in p.cmdline()
+                  and p.cmdline()[p.cmdline().index("llmtrain.launch.node_agent") + 2] == "1"]
+        assert len(agents) == 1
+        victims = [c for c in agents[0].children(recursive=True) if "llmtrain.worker" in c.cmdline()
+                   and "torch.distributed.run" not in c.cmdline()]
         assert len(victims) == 1
         victims[0].send_signal(signal.SIGKILL)
         out, _ = proc.communicate(timeout=120)
