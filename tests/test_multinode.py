@@ -44,7 +44,8 @@ def node_processes(run_dir) -> list[psutil.Process]:
     out = []
     for p in psutil.process_iter(["cmdline"]):
         cmd = " ".join(p.info["cmdline"] or [])
-        if str(run_dir) in cmd and ("llmtrain" in cmd or "torch.distributed.run" in cmd) and "pytest" not in cmd:
+        if str(run_dir) in cmd and p.pid != os.getpid() and (
+                "-m llmtrain" in cmd or "llmtrain.launch.node_agent" in cmd or "torch.distributed.run" in cmd):
             out.append(p)
     return out
 
