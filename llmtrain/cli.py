@@ -69,6 +69,20 @@ def build_parser() -> argparse.ArgumentParser:
                         help="largest all-reduce message (default 16 MiB on CPU, 256 MiB on CUDA)")
     doctor.add_argument("--iters", type=int, default=5, help="timed all-reduces per size (default 5)")
 
+    plan = sub.add_parser("plan", formatter_class=fmt, epilog=OVERRIDE_HELP,
+                          help="parameters, FLOPs, per-rank memory, bubble, communication, step time; fits or not",
+                          description="For the composed config, without launching and without a GPU: parameter "
+                                      "count (total, per stage, per rank), FLOPs per token, per-rank memory "
+                                      "(weights, gradients, optimizer state by zero level, activations by "
+                                      "recompute mode and micro-batches in flight) for the heaviest pipeline "
+                                      "stage, pipeline bubble, communication per step, estimated step time, "
+                                      "tokens/s and MFU for hardware=h100|h200|a100|cpu. Exit 1 if it does not "
+                                      "fit.")
+    _add_compose_args(plan)
+    from llmtrain.plan.cli import add_plan_arguments
+
+    add_plan_arguments(plan)
+
     compare = sub.add_parser("compare", help="two runs' loss curves side by side (table + PNG), largest divergence",
                              description="Compare the loss curves of two runs: a table of evenly spaced steps, "
                                          "the largest divergence, and a PNG plot of both curves and their "
@@ -76,6 +90,13 @@ def build_parser() -> argparse.ArgumentParser:
     from llmtrain.report.compare import add_compare_arguments
 
     add_compare_arguments(compare)
+
+    report = sub.add_parser("report", help="PNG plots of loss, learning rate, throughput and a summary table",
+                            description="Plot a run's loss, learning rate and throughput (PNG) and print a "
+                                        "summary table.")
+    from llmtrain.report.run_report import add_report_arguments
+
+    add_report_arguments(report)
 
     data = sub.add_parser("data", help="data tools (prepare)", description="Data tools.")
     data_sub = data.add_subparsers(dest="data_command", metavar="DATA_COMMAND", parser_class=_Parser)
@@ -112,6 +133,14 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_launch(args)
         if args.command == "config":
             return cmd_config(args)
+        if args.command == "plan":
+            from llmtrain.plan.cli import run_plan
+
+            return run_plan(_compose(args), args)
+        if args.command == "report":
+            from llmtrain.report.run_report import run_report
+
+            return run_report(args)
         if args.command == "compare":
             from llmtrain.report.compare import run_compare
 

@@ -69,6 +69,8 @@ class TrainConfig:
     eval_interval: int = 100
     eval_steps: int = 4
     max_bad_steps: int = 5
+    # torch.compile each transformer block (in place, parameter names unchanged).
+    compile: bool = False
 
 
 @dataclass
@@ -96,6 +98,33 @@ class PrecisionConfig:
     growth_factor: float = 2.0
     backoff_factor: float = 0.5
     growth_interval: int = 2000
+
+
+@dataclass
+class LoggingConfig:
+    # Also write TensorBoard event files to RUN_DIR/tensorboard (no tensorboard package needed to write them).
+    tensorboard: bool = False
+
+
+@dataclass
+class ProfileConfig:
+    # [A, B]: a torch.profiler trace of steps A..B (1-based) per rank into RUN_DIR/profile/; null = off.
+    steps: Optional[List[int]] = None
+    # Run the workers under Nsight Systems (nsys must be installed on every node).
+    nsys: bool = False
+
+
+@dataclass
+class HardwareConfig:
+    # auto | h100 | h200 | a100 | cpu (configs/hardware/); used by `llmtrain plan` and for MFU.
+    name: str = "auto"
+    # Dense peak TFLOPS per device by dtype; empty = measure (CPU) or look up by name.
+    peak_tflops: Dict[str, float] = field(default_factory=dict)
+    memory_gib: Optional[float] = None
+    intra_node_gbs: float = 450.0
+    inter_node_gbs: float = 50.0
+    # Share of peak the matmuls reach, for plan's step-time estimate.
+    efficiency: float = 0.5
 
 
 @dataclass
@@ -199,6 +228,9 @@ class LLMTrainConfig:
     data: DataConfig = field(default_factory=DataConfig)
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     recompute: RecomputeConfig = field(default_factory=RecomputeConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)

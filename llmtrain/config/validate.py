@@ -76,6 +76,16 @@ def _validate_recompute_and_optim(cfg: DictConfig) -> None:
     _require(o.fused in FUSED, "optim.fused", f"must be one of {FUSED} (got {o.fused})")
     if o.fused == "apex":
         _require(apex_available(), "optim.fused", APEX_INSTALL)
+    prof = cfg.profile
+    if prof.steps is not None:
+        steps = list(prof.steps)
+        _require(len(steps) == 2 and 1 <= steps[0] <= steps[1], "profile.steps",
+                 f"must be [A, B] with 1 <= A <= B (got {steps})")
+    if prof.nsys:
+        import shutil
+
+        _require(shutil.which("nsys") is not None, "profile.nsys",
+                 "nsys (Nsight Systems) is not on PATH; install it from NVIDIA or set profile.nsys=false")
 
 
 def _validate_model(cfg: DictConfig) -> None:
@@ -234,7 +244,4 @@ def _validate_cluster(cfg: DictConfig) -> None:
         _require(c.hostfile not in (None, "???"), "cluster.hostfile",
                  "cluster=ssh needs a hostfile: cluster.hostfile=FILE (lines of 'hostname slots=N')")
         cluster_hosts(c)
-    if c.name == "local" and c.nnodes > 1:
-        _require(c.master_addr not in ("127.0.0.1", "localhost"), "cluster.master_addr",
-                 "cluster=local with nnodes > 1 starts this node only: set cluster.master_addr to node 0's address "
-                 "(or use cluster=ssh / cluster=slurm to start every node from here)")
+

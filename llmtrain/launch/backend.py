@@ -73,7 +73,12 @@ def torchrun_argv(cfg: DictConfig, run_dir: str, nnodes: int, node_rank: int | N
                   rdzv_id: str, worker_module: str = "llmtrain.worker") -> list[str]:
     """torchrun for one node. c10d rendezvous: every node gets the same endpoint and id."""
     c = cfg.cluster
-    argv = [node_python(cfg), "-m", "torch.distributed.run",
+    prefix = []
+    if cfg.profile.nsys:
+        # One Nsight Systems report per node (the agent and its workers), named by host.
+        prefix = ["nsys", "profile", "--trace=cuda,nvtx,osrt", "--force-overwrite=true",
+                  f"--output={run_dir}/profile/nsys-%h"]
+    argv = prefix + [node_python(cfg), "-m", "torch.distributed.run",
             f"--nnodes={nnodes}", f"--nproc-per-node={c.nproc_per_node}",
             "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}", f"--rdzv-id={rdzv_id}",
             f"--max-restarts={cfg.launch.max_restarts}"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 
+from llmtrain.config.errors import ConfigError
 from llmtrain.launch import processes
 from llmtrain.launch.backend import Backend, NodeCommand, torchrun_argv, worker_env
 from llmtrain.launch.monitor import report_failure
@@ -22,6 +23,10 @@ class LocalBackend(Backend):
     def __init__(self, cfg, run_dir, worker_module="llmtrain.worker"):
         super().__init__(cfg, run_dir, worker_module)
         c = cfg.cluster
+        if c.nnodes > 1 and c.master_addr in ("127.0.0.1", "localhost"):
+            raise ConfigError("cluster.master_addr", "cluster=local with nnodes > 1 starts this node only: set "
+                                                     "cluster.master_addr to node 0's address (or use cluster=ssh "
+                                                     "or cluster=slurm to start every node from here)")
         self.port = c.master_port or free_port()
         self.proc = None
         self.output: list[str] = []

@@ -121,6 +121,9 @@ def build_parallel_model(cfg: DictConfig, dims: ParallelDims, mesh: Meshes, devi
         if dims.tp > 1:
             apply_tensor_parallel(part, mesh.tp, pp.sequence_parallel)
         apply_recompute(part, cfg.recompute.mode, cfg.recompute.every)
+        if cfg.train.compile:
+            for block in part.layers.values():
+                block.compile()  # in place: parameter names stay the same
         if cfg.optim.fused == "apex":
             from llmtrain.train.apex_support import fused_layernorm
 

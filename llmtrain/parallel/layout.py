@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from llmtrain.config.validate import V_SHAPED_SCHEDULES
+
 
 @dataclass(frozen=True)
 class ParallelDims:
@@ -40,3 +42,24 @@ class ParallelDims:
         dp = rank // (self.tp * self.pp)
         return {"rank": rank, "dp": dp, "dp_replicate": dp // self.dp_shard, "dp_shard": dp % self.dp_shard,
                 "pp": pp, "tp": tp}
+
+
+def layers_per_stage(n_layers: int, num_stages: int, explicit: list[int] | None) -> list[int]:
+    if explicit:
+        return list(explicit)
+    return [n_layers // num_stages] * num_stages
+
+
+def stage_ids(pp_rank: int, pp: int, virtual_stages: int, schedule: str) -> list[int]:
+    """Global stage indices held by pp rank `pp_rank`."""
+    num_stages = pp * virtual_stages
+    if schedule in V_SHAPED_SCHEDULES:
+        return [pp_rank, num_stages - 1 - pp_rank]
+    return [pp_rank + k * pp for k in range(virtual_stages)]
+
+
+def stage_owner(stage: int, pp: int, virtual_stages: int, schedule: str) -> int:
+    for r in range(pp):
+        if stage in stage_ids(r, pp, virtual_stages, schedule):
+            return r
+    raise ValueError(f"stage {stage} has no owner")

@@ -22,8 +22,8 @@ from torch.distributed.pipelining.schedules import (
     ScheduleZBVZeroBubble,
 )
 
-from llmtrain.config.validate import V_SHAPED_SCHEDULES
 from llmtrain.model.gpt import GPT
+from llmtrain.parallel.layout import layers_per_stage, stage_ids, stage_owner  # noqa: F401 (re-exported)
 
 SCHEDULES = {
     "gpipe": ScheduleGPipe,
@@ -34,27 +34,6 @@ SCHEDULES = {
     "zbv": ScheduleZBVZeroBubble,
     "dualpipe_v": ScheduleDualPipeV,
 }
-
-
-def layers_per_stage(n_layers: int, num_stages: int, explicit: list[int] | None) -> list[int]:
-    if explicit:
-        return list(explicit)
-    return [n_layers // num_stages] * num_stages
-
-
-def stage_ids(pp_rank: int, pp: int, virtual_stages: int, schedule: str) -> list[int]:
-    """Global stage indices held by pp rank `pp_rank`."""
-    num_stages = pp * virtual_stages
-    if schedule in V_SHAPED_SCHEDULES:
-        return [pp_rank, num_stages - 1 - pp_rank]
-    return [pp_rank + k * pp for k in range(virtual_stages)]
-
-
-def stage_owner(stage: int, pp: int, virtual_stages: int, schedule: str) -> int:
-    for r in range(pp):
-        if stage in stage_ids(r, pp, virtual_stages, schedule):
-            return r
-    raise ValueError(f"stage {stage} has no owner")
 
 
 def make_stage_module(model: GPT, stage: int, layer_counts: list[int]) -> GPT:

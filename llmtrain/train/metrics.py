@@ -9,9 +9,15 @@ import os
 
 
 class MetricsWriter:
-    def __init__(self, path: str | None, keep_until_step: int = 0):
-        """Open `path` keeping only rows with step <= keep_until_step (0: a fresh run starts an empty file)."""
+    def __init__(self, path: str | None, keep_until_step: int = 0, tensorboard_dir: str | None = None):
+        """Open `path` keeping only rows with step <= keep_until_step (0: a fresh run starts an empty file);
+        with tensorboard_dir, every row also goes to TensorBoard event files there."""
         self.file = None
+        self.tensorboard = None
+        if tensorboard_dir:
+            from llmtrain.report.tensorboard import TensorBoardWriter
+
+            self.tensorboard = TensorBoardWriter(tensorboard_dir)
         if not path:
             return
         kept = [row for row in read_metrics(path) if row.get("step", 0) <= keep_until_step] if keep_until_step else []
@@ -28,11 +34,19 @@ class MetricsWriter:
         self.file.write(json.dumps(clean) + "\n")
         self.file.flush()
         os.fsync(self.file.fileno())
+        if self.tensorboard is not None:
+            prefix = "val/" if "val_loss" in row else "train/"
+            self.tensorboard.add_scalars(row["step"], {prefix + k.replace("val_", ""): v for k, v in row.items()
+                                                       if k != "step"})
+            self.tensorboard.flush()
 
     def close(self) -> None:
         if self.file is not None:
             self.file.close()
             self.file = None
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+            self.tensorboard = None
 
 
 def read_metrics(path: str) -> list[dict]:

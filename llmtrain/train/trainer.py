@@ -39,6 +39,75 @@ def resolve_device(name: str, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
+def model_flops(cfg) -> tuple[float, float]:
+    """(training FLOPs per token of this model, the device's dense peak FLOPS at the compute dtype)."""
+    from llmtrain.plan.cli import load_profile
+    from llmtrain.plan.estimate import flops_per_token, stage_params
+    from llmtrain.plan.hardware import resolve
+
+    _, _, non_embedding = stage_params(cfg)
+    peak = resolve(cfg.hardware, cfg.precision.compute_dtype, load_profile)["peak_tflops"] * 1e12
+    return flops_per_token(cfg, non_embedding), peak
+
+
+class SavedActivations:
+    """Context manager: bytes of the distinct storages autograd saves for backward, parameters excluded."""
+
+    def __init__(self, params):
+        self.param_ptrs = {(p.to_local() if isinstance(p, DTensor) else p).untyped_storage().data_ptr()
+                           for p in params}
+        self.storages: dict[int, int] = {}
+        self._hooks = None
+
+    def _pack(self, t: torch.Tensor):
+        local = t.to_local() if isinstance(t, DTensor) else t
+        try:
+            storage = local.untyped_storage()
+        except (RuntimeError, NotImplementedError):
+            return t
+        if storage.data_ptr() not in self.param_ptrs:
+            self.storages[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    @property
+    def total(self) -> int:
+        return sum(self.storages.values())
+
+    def __enter__(self):
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._hooks.__exit__(*exc)
+
+
+class StepProfiler:
+    """profile.steps=[A, B]: a torch.profiler trace of steps A..B, written per rank as a Chrome trace."""
+
+    def __init__(self, steps, out_dir: str, rank: int, device: torch.device):
+        self.window = tuple(steps) if steps else None
+        self.path = os.path.join(out_dir, f"rank{rank}.trace.json")
+        self.device = device
+        self.prof = None
+
+    def before_step(self, step: int) -> None:
+        if self.window and step == self.window[0]:
+            from torch.profiler import ProfilerActivity, profile
+
+            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
+            self.prof = profile(activities=activities, record_shapes=True, with_stack=False)
+            self.prof.__enter__()
+
+    def after_step(self, step: int) -> None:
+        if self.prof is not None and step == self.window[1]:
+            self.prof.__exit__(None, None, None)
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            self.prof.export_chrome_trace(self.path)
+            self.prof = None
+            print(f"llmtrain: profiler trace of steps {self.window[0]}-{self.window[1]} -> {self.path}", flush=True)
+
+
 def plain(t: torch.Tensor) -> torch.Tensor:
     """A loss computed under loss_parallel is a replicated DTensor; logging wants a plain tensor."""
     return t.full_tensor() if isinstance(t, DTensor) else t
@@ -83,11 +152,14 @@ class Trainer:
         self.dataset = build_dataset(cfg.data, cfg.model, cfg.train.seed)
         self.stream = SampleStream(self.dataset, cfg.train.seed)
         self.accum = cfg.train.global_batch_size // (cfg.train.micro_batch_size * self.dims.dp)
+        self.flops_per_token, self.peak_flops = model_flops(cfg)
+        self.profiler = StepProfiler(cfg.profile.steps, os.path.join(run_dir, "profile"), self.rank, device)
         self.step = 0
         self.samples_seen = 0
         self.tokens_seen = 0
         self.bad_steps = 0
         self.state_bytes: dict[str, int] = {}
+        self.saved_activations = SavedActivations(self.model.parameters())
         is_logger = self.rank == 0
         self.log = print if is_logger else (lambda *a, **k: None)
         self.preempt = PreemptionFlag()
@@ -95,7 +167,9 @@ class Trainer:
         self.resume()
         metrics_path = os.path.join(run_dir, "metrics.jsonl") if is_logger else None
         # Rows past the resumed step came from an attempt that did not reach a checkpoint: they are replaced.
-        self.metrics = MetricsWriter(metrics_path, keep_until_step=self.step)
+        self.metrics = MetricsWriter(metrics_path, keep_until_step=self.step,
+                                     tensorboard_dir=os.path.join(run_dir, "tensorboard")
+                                     if is_logger and cfg.logging.tensorboard else None)
 
     def resume(self) -> None:
         restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
@@ -134,7 +208,8 @@ class Trainer:
             x, y = self._batch("train", self.step, m)
             # Reduce gradients across dp only after the last micro-batch.
             self.model.set_gradient_sync(m == self.accum - 1)
-            with self.model.loss_context():
+            measure = self.step == 0 and m == 0  # activation bytes of one micro-batch, for `plan`'s checks
+            with self.model.loss_context(), (self.saved_activations if measure else contextlib.nullcontext()):
                 with self.autocast():
                     logits = model(x)
                 loss = self.loss_fn(logits, y)
@@ -183,6 +258,7 @@ class Trainer:
             self.optimizer.step()
         if self.step == 0:
             self.state_bytes = self.local_state_bytes()
+            self.state_bytes["activations"] = self.saved_activations.total
         self.scaler.update(overflow)
         self.optimizer.zero_grad(set_to_none=True)
         return StepResult(loss=self.global_mean_loss(local_loss), grad_norm=grad_norm_value, skipped=bad)
@@ -299,7 +375,9 @@ class Trainer:
                      + (f", train.stop_at_step={t.stop_at_step}" if t.stop_at_step else "") + ")", flush=True)
         while self.step < last:
             step_start = time.perf_counter()
+            self.profiler.before_step(self.step + 1)
             result = self.train_step()
+            self.profiler.after_step(self.step + 1)
             step_time = time.perf_counter() - step_start
             self.step += 1
             self.samples_seen += t.global_batch_size
@@ -313,12 +391,15 @@ class Trainer:
                 row = {"step": self.step, "loss": result.loss, "lr": lr_at(self.step - 1, t),
                        "grad_norm": result.grad_norm, "tokens_per_s": tokens_per_s, "step_time_s": step_time,
                        "tokens": self.tokens_seen, "elapsed_s": now - run_start, "mem_gib": self.memory_gib()}
+                # Model FLOPs (no recompute) per device per second, and that over the device's dense peak.
+                row["tflops"] = self.flops_per_token * tokens_per_s / dist.get_world_size() / 1e12
+                row["mfu"] = row["tflops"] * 1e12 / self.peak_flops
                 if self.scaler.enabled:
                     row.update(loss_scale=self.scaler.scale, skipped_steps=self.scaler.skipped_steps)
                 self.metrics.write(row)
                 self.log(f"step {self.step:>6}/{t.max_steps} | loss {result.loss:.4f} | lr {row['lr']:.2e} | "
                          f"grad_norm {result.grad_norm:.3f} | {tokens_per_s:,.0f} tok/s | "
-                         f"{step_time * 1000:.0f} ms/step", flush=True)
+                         f"{step_time * 1000:.0f} ms/step | MFU {row['mfu']:.1%}", flush=True)
             if t.eval_interval and t.eval_steps and (self.step % t.eval_interval == 0 or self.step == t.max_steps):
                 val_loss = self.evaluate()
                 self.metrics.write({"step": self.step, "val_loss": val_loss})

@@ -1,0 +1,1 @@
+"""Pre-launch planning without GPUs: parameters, FLOPs, memory, bubble, communication, step time, layouts."""

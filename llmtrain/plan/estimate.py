@@ -1,0 +1,251 @@
+"""The numbers `llmtrain plan` reports, computed from the config alone (no process group, no GPU).
+
+Parameter counts follow model.py's GPT and the trainer's pipeline split and tensor-parallel rules exactly (the
+tests compare them with the real model on every rank); no torch import, so a plan takes well under a second. Memory follows the ZeRO paper for model state (fp32 weights,
+gradients and two AdamW moments, sharded by zero level) and Korthikanti et al. 2022 for activations, adjusted to
+what this trainer keeps: fused attention (SDPA) stores no seq x seq matrix and there are no dropout masks, so a
+layer keeps 17 s*b*h elements (LN inputs 2, q/k/v input 1, q/k/v 3, attention output + its reshaped copy 2,
+MLP input 1, fc output 4, GELU output 4), 4 s*b*h of them replicated under tensor parallel, plus the fp32 logits
+and log-softmax of the loss. Step time is an estimate from stated assumptions (matmul efficiency, exposed
+communication), reported as such.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from llmtrain.config.validate import MULTI_STAGE_SCHEDULES, padded_vocab_size
+from llmtrain.parallel import layout as pp_lib
+from llmtrain.parallel.layout import ParallelDims
+
+BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+# Elements per s*b*h that one layer keeps for backward (see the module docstring); replicated part under TP.
+ACT_PER_LAYER, ACT_REPLICATED = 16, 4
+
+
+@dataclass
+class StagePlan:
+    stage: int
+    layers: list[int]
+    params: int          # this stage's parameters (whole, before TP)
+    params_per_rank: int  # after tensor parallel (before ZeRO sharding)
+    in_flight: float     # micro-batches whose activations are alive at the peak
+    activation_bytes: float
+    state_bytes: dict = field(default_factory=dict)
+    peak_bytes: float = 0.0
+
+
+@dataclass
+class Plan:
+    params_total: int
+    params_non_embedding: int
+    flops_per_token: float
+    world_size: int
+    dims: dict
+    micro_batches: int
+    stages: list[StagePlan]
+    heaviest_stage: int
+    peak_bytes_per_rank: float
+    bubble_fraction: float
+    comm_bytes_per_step: dict
+    step_time_s: float
+    tokens_per_s: float
+    mfu: float
+    hardware: dict
+    fits: bool
+    notes: list[str]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def flops_per_token(cfg, n_params_non_embedding: int) -> float:
+    """Training FLOPs per token: 6 x (non-embedding parameters + the output head's d x V) + 6 x L x s x d for
+    causal attention scores and values (Kaplan et al. 2020; recompute is not model FLOPs)."""
+    m = cfg.model
+    head = m.d_model * padded_vocab_size(m)
+    return 6.0 * (n_params_non_embedding + head) + 6.0 * m.n_layers * m.seq_len * m.d_model
+
+
+def _block_params(cfg) -> tuple[int, int]:
+    """(parameters of one transformer block, of them split by tensor parallel) for model.py's Block."""
+    m = cfg.model
+    d = m.d_model
+    a = m.n_heads * (m.head_dim or d // m.n_heads)  # attention width (q/k/v outputs)
+    qkv = 3 * (d * a + a)
+    proj = a * d + d
+    fc, fc_out = d * 4 * d + 4 * d, 4 * d * d + d
+    layer_norms = 2 * 2 * d
+    total = qkv + proj + fc + fc_out + layer_norms
+    # column-parallel q/k/v and fc (weights and biases), row-parallel proj weights; biases of row-parallel
+    # layers and LayerNorms are replicated
+    split = qkv + a * d + fc + 4 * d * d
+    return total, split
+
+
+def stage_params(cfg) -> tuple[list[StagePlan], int, int]:
+    """Per-stage parameter counts (exact for model.py's GPT; the tests check against the real model) and the
+    model's total and non-embedding counts."""
+    m, p = cfg.model, cfg.parallel
+    vocab = padded_vocab_size(m)
+    block, block_split = _block_params(cfg)
+    tok, pos, norm = vocab * m.d_model, m.seq_len * m.d_model, 2 * m.d_model
+    total = tok + pos + norm + block * m.n_layers
+    stages_n = p.pp * p.virtual_stages
+    counts = pp_lib.layers_per_stage(m.n_layers, stages_n, p.pp_layers)
+    plans = []
+    for s in range(stages_n):
+        n = block * counts[s]
+        per_rank = (block - block_split + block_split // p.tp) * counts[s]
+        if s == 0:  # token embedding (vocab-parallel) and positions (replicated)
+            n, per_rank = n + tok + pos, per_rank + tok // p.tp + pos
+        if s == stages_n - 1:  # final norm; the head is tied (on another stage: a copy of the embedding)
+            n, per_rank = n + norm, per_rank + norm
+            if s != 0:
+                n, per_rank = n + tok, per_rank + tok // p.tp
+        start = sum(counts[:s])
+        plans.append(StagePlan(s, list(range(start, start + counts[s])), n, per_rank, 0.0, 0.0))
+    return plans, total, total - tok - pos
+
+
+def activation_bytes_per_layer(cfg, micro_batch: int) -> float:
+    m, p = cfg.model, cfg.parallel
+    sbh = m.seq_len * micro_batch * m.d_model
+    size = BYTES[cfg.precision.compute_dtype] if cfg.precision.compute_dtype != "float32" else 4
+    t = p.tp
+    mode = cfg.recompute.mode
+    if mode == "full":
+        kept = 1.0 / (t if p.sequence_parallel else 1)  # the block input only
+    else:
+        replicated = ACT_REPLICATED / (t if p.sequence_parallel else 1)
+        kept = replicated + (ACT_PER_LAYER - ACT_REPLICATED) / t
+        if mode == "selective":
+            kept -= 1.0 / t  # the attention output saved inside SDPA is recomputed
+    return kept * sbh * size
+
+
+def in_flight(cfg, stage_rank: int, micro: int) -> float:
+    """Micro-batches whose activations one pipeline rank holds at its peak."""
+    p = cfg.parallel
+    if p.pp == 1:
+        return 1.0
+    if p.pp_schedule == "gpipe":
+        return float(micro)
+    base = float(min(micro, p.pp - stage_rank))
+    if p.pp_schedule in MULTI_STAGE_SCHEDULES:
+        base *= 1 + (p.pp - 1) / (p.pp * p.virtual_stages)  # Narayanan et al. 2021, interleaved schedule
+    return base
+
+
+def state_bytes(cfg, dims: ParallelDims, params_per_rank: int) -> dict:
+    """fp32 parameters, fp32 gradients, two fp32 AdamW moments; ZeRO shards them over the dp_shard group."""
+    shard = dims.dp_shard
+    zero = dims.zero
+    params = params_per_rank * 4 / (shard if zero == 3 else 1)
+    grads = params_per_rank * 4 / (shard if zero >= 2 else 1)
+    optim = params_per_rank * 8 / (shard if zero >= 2 else 1)
+    # zero 2 and 3 shard the parameters at rest too (FSDP2); zero 2 keeps them gathered from forward to backward.
+    if zero == 2:
+        params = params_per_rank * 4 / shard
+    compute = BYTES[cfg.precision.compute_dtype]
+    if zero == 2 and dims.dp > 1:
+        gathered = params_per_rank * compute
+    elif zero == 3 and dims.dp > 1:
+        gathered = 2 * params_per_rank * compute / max(1, cfg.model.n_layers)  # ~two blocks at a time
+    else:
+        gathered = 0.0
+    return {"params": params, "grads": grads, "optimizer": optim, "gathered_params": gathered}
+
+
+def loss_bytes(cfg, micro_batch: int) -> float:
+    """The last stage's extra: the head's input (full: gathered under sequence parallel) and the fp32 logits and
+    log-softmax of one micro-batch (vocabulary-sharded under TP)."""
+    m = cfg.model
+    size = BYTES[cfg.precision.compute_dtype]
+    head_input = micro_batch * m.seq_len * m.d_model * size
+    return head_input + 2 * 4 * micro_batch * m.seq_len * padded_vocab_size(m) / cfg.parallel.tp
+
+
+def comm_bytes(cfg, dims: ParallelDims, plan_stage: StagePlan, micro: int) -> dict:
+    m, p = cfg.model, cfg.parallel
+    mb = cfg.train.micro_batch_size
+    act = BYTES[cfg.precision.compute_dtype] * m.seq_len * mb * m.d_model
+    grad_bytes = plan_stage.params_per_rank * BYTES[cfg.precision.reduce_dtype]
+    param_bytes = plan_stage.params_per_rank * BYTES[cfg.precision.compute_dtype]
+    out = {"dp": 0.0, "tp": 0.0, "pp": 0.0}
+    n = dims.dp_shard
+    if dims.dp > 1:
+        if dims.zero == 0:
+            out["dp"] = 2 * (dims.dp - 1) / dims.dp * grad_bytes  # ring all-reduce
+        else:
+            gathers = 2 if dims.zero == 3 else 1
+            out["dp"] = (gathers * (n - 1) / n * param_bytes + (n - 1) / n * grad_bytes
+                         + (2 * (dims.dp_replicate - 1) / dims.dp_replicate * grad_bytes / n
+                            if dims.dp_replicate > 1 else 0.0))
+    if p.tp > 1:
+        # 2 all-reduces forward + 2 backward per layer per micro-batch (or the same volume as AG + RS with SP).
+        per_layer = 4 * 2 * (p.tp - 1) / p.tp * act
+        out["tp"] = per_layer * len(plan_stage.layers) * micro
+    if p.pp > 1:
+        out["pp"] = 2 * act / p.tp * micro  # activations forward, their gradients backward, per boundary
+    return out
+
+
+def build_plan(cfg, peak_flops: float, memory_bytes: float | None, hw: dict) -> Plan:
+    dims = ParallelDims.from_config(cfg)
+    t, p = cfg.train, cfg.parallel
+    micro = t.global_batch_size // (t.micro_batch_size * dims.dp)
+    stages, total, non_embedding = stage_params(cfg)
+    per_layer = activation_bytes_per_layer(cfg, t.micro_batch_size)
+    notes = []
+    ranks_stages = {r: pp_lib.stage_ids(r, p.pp, p.virtual_stages, p.pp_schedule) for r in range(p.pp)} \
+        if p.pp > 1 else {0: [0]}
+    for s in stages:
+        owner = next(r for r, ids in ranks_stages.items() if s.stage in ids)
+        s.in_flight = in_flight(cfg, owner, micro)
+        s.activation_bytes = per_layer * len(s.layers) * s.in_flight
+        if s.stage == len(stages) - 1:
+            s.activation_bytes += loss_bytes(cfg, t.micro_batch_size)
+        s.state_bytes = state_bytes(cfg, dims, s.params_per_rank)
+    # A rank's peak: the model state of all its stages plus their live activations.
+    rank_peaks = {}
+    for r, ids in ranks_stages.items():
+        held = [stages[i] for i in ids]
+        rank_peaks[r] = sum(sum(s.state_bytes.values()) + s.activation_bytes for s in held)
+        for s in held:
+            s.peak_bytes = rank_peaks[r]
+    heaviest_rank = max(rank_peaks, key=rank_peaks.get)
+    heaviest = ranks_stages[heaviest_rank][0]
+    peak = rank_peaks[heaviest_rank]
+
+    fpt = flops_per_token(cfg, non_embedding)
+    tokens = t.global_batch_size * cfg.model.seq_len
+    world = dims.world_size
+    recompute_factor = {"none": 1.0, "selective": 1.0 + 0.05, "full": 4.0 / 3.0}[cfg.recompute.mode]
+    if cfg.recompute.mode == "full" and cfg.recompute.every > 1:
+        recompute_factor = 1.0 + (1.0 / 3.0) / cfg.recompute.every
+    compute_s = fpt * tokens / world * recompute_factor / (peak_flops * hw["efficiency"])
+    bubble = (p.pp - 1) / (p.virtual_stages * micro + p.pp - 1) if p.pp > 1 else 0.0
+    comm = comm_bytes(cfg, dims, stages[heaviest], micro)
+    intra, inter = hw["intra_node_gbs"] * 1e9, hw["inter_node_gbs"] * 1e9
+    tp_bw = intra if p.tp <= cfg.cluster.nproc_per_node else inter
+    dp_bw = inter if cfg.cluster.nnodes > 1 else intra
+    # TP and PP transfers sit on the critical path; DP overlaps with backward except ~1/L of it.
+    exposed = comm["tp"] / tp_bw + comm["pp"] / tp_bw + comm["dp"] / dp_bw / max(1, cfg.model.n_layers)
+    step = compute_s / (1 - bubble) + exposed
+    tps = tokens / step
+    mfu = fpt * tps / (peak_flops * world)
+    fits = memory_bytes is None or peak <= memory_bytes
+    if memory_bytes is None:
+        notes.append("device memory unknown: fit not checked")
+    notes.append(f"step time assumes matmuls at {hw['efficiency']:.0%} of peak, TP/PP transfers exposed, "
+                 "DP overlapped with backward")
+    return Plan(params_total=total, params_non_embedding=non_embedding, flops_per_token=fpt, world_size=world,
+                dims={"dp": dims.dp, "dp_shard": dims.dp_shard, "tp": p.tp, "pp": p.pp,
+                      "virtual_stages": p.virtual_stages, "zero": dims.zero, "schedule": p.pp_schedule,
+                      "recompute": cfg.recompute.mode, "recompute_every": cfg.recompute.every,
+                      "sequence_parallel": p.sequence_parallel},
+                micro_batches=micro, stages=stages, heaviest_stage=heaviest, peak_bytes_per_rank=peak,
+                bubble_fraction=bubble, comm_bytes_per_step=comm, step_time_s=step, tokens_per_s=tps,
+                mfu=mfu, hardware=hw, fits=fits, notes=notes)
+

@@ -1,0 +1,270 @@
+"""`llmtrain report RUN_DIR`: plots (loss, learning rate, throughput) and a summary table of one run, read from
+its metrics.jsonl and config.yaml."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+
+from rich.console import Console
+from rich.table import Table
+
+from llmtrain.config.errors import ConfigError
+from llmtrain.train.metrics import read_metrics
+
+
+def add_report_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="run directory (holds metrics.jsonl and config.yaml)")
+    parser.add_argument("--out", default=None, metavar="DIR",
+                        help="where the PNGs go (default RUN_DIR/report); needs matplotlib (pip install matplotlib)")
+    parser.add_argument("--tensorboard", action="store_true",
+                        help="also export metrics.jsonl as TensorBoard event files to OUT/tensorboard")
+
+
+# ---------------------------------------------------------------------------------------------------- formatting
+# The summary table's number formats (tests format their expected values with these too).
+
+def fmt_loss(x: float) -> str:
+    return f"{x:.4f}"
+
+
+def fmt_tokens_per_s(x: float) -> str:
+    return f"{x:,.0f}"
+
+
+def fmt_seconds(x: float) -> str:
+    return f"{x:.3f} s"
+
+
+def fmt_mfu(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def fmt_duration(seconds: float) -> str:
+    s = int(round(seconds))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+# ---------------------------------------------------------------------------------------------------- data
+
+def _num(row: dict, key: str) -> float | None:
+    v = row.get(key)
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
+    pts = [(r["step"], _num(r, key)) for r in rows if "step" in r and _num(r, key) is not None]
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
+def _median_after_warmup(train_rows: list[dict], key: str) -> float | None:
+    """Median of `key` over the train rows, the first logged one (warm-up) left out when there are others."""
+    values = [v for v in (_num(r, key) for r in train_rows) if v is not None]
+    first = _num(train_rows[0], key) if train_rows else None
+    if first is not None and len(values) > 1:
+        values = values[1:]
+    return statistics.median(values) if values else None
+
+
+def summarize(run_dir: str, rows: list[dict], cfg=None) -> list[tuple[str, str]]:
+    """(label, value) rows of the summary table."""
+    train = [r for r in rows if _num(r, "loss") is not None]
+    evals = [r for r in rows if _num(r, "val_loss") is not None]
+    out: list[tuple[str, str]] = []
+
+    def sel(key: str, default=None):
+        if cfg is None:
+            return default
+        node = cfg
+        for part in key.split("."):
+            node = node.get(part) if hasattr(node, "get") else None
+            if node is None:
+                return default
+        return node
+
+    out.append(("run", str(sel("run.name") or os.path.basename(os.path.normpath(run_dir)))))
+    if cfg is not None:
+        out.append(("model", str(sel("model.name", "?"))))
+        layout = "  ".join(f"{k}={sel(f'parallel.{k}', 'auto')}" for k in ("dp", "tp", "pp"))
+        out.append(("layout", layout))
+        out.append(("precision", str(sel("precision.name", "?"))))
+    last_step = max((r["step"] for r in rows if isinstance(r.get("step"), int)), default=None)
+    max_steps = sel("train.max_steps")
+    steps = "-" if last_step is None else str(last_step)
+    out.append(("steps", steps + (f" / {max_steps}" if max_steps is not None else "")))
+    tokens = [v for v in (_num(r, "tokens") for r in train) if v is not None]
+    if tokens:
+        out.append(("tokens", f"{int(max(tokens)):,}"))
+    if train:
+        losses = [_num(r, "loss") for r in train]
+        out.append(("train loss (first / last / min)",
+                    f"{fmt_loss(losses[0])} / {fmt_loss(losses[-1])} / {fmt_loss(min(losses))}"))
+    if evals:
+        last = evals[-1]
+        out.append(("val loss (last)", f"{fmt_loss(_num(last, 'val_loss'))} at step {last.get('step', '?')}"))
+    median_tps = _median_after_warmup(train, "tokens_per_s")
+    if median_tps is not None:
+        out.append(("tokens/s (median)", fmt_tokens_per_s(median_tps)))
+    median_step = _median_after_warmup(train, "step_time_s")
+    if median_step is not None:
+        out.append(("step time (median)", fmt_seconds(median_step)))
+    median_tflops = _median_after_warmup(train, "tflops")
+    if median_tflops is not None:
+        out.append(("TFLOP/s (median)", f"{median_tflops:.2f}"))
+    median_mfu = _median_after_warmup(train, "mfu")
+    if median_mfu is not None:
+        out.append(("MFU (median)", fmt_mfu(median_mfu)))
+    mem = [v for v in (_num(r, "mem_gib") for r in train) if v is not None]
+    if mem:
+        out.append(("peak memory", f"{max(mem):.2f} GiB"))
+    skipped = [v for v in (_num(r, "skipped_steps") for r in train) if v is not None]
+    if skipped:
+        out.append(("skipped steps (overflow)", f"{int(skipped[-1])}"))
+    elapsed = [v for v in (_num(r, "elapsed_s") for r in rows) if v is not None]
+    if elapsed:
+        out.append(("elapsed", fmt_duration(max(elapsed))))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------- plots
+
+def _pyplot():
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ConfigError("report", "needs matplotlib: pip install matplotlib") from None
+    return plt
+
+
+def _save(fig, path: str) -> None:
+    plt = _pyplot()
+    fig.tight_layout()
+    tmp = f"{path}.tmp.{os.getpid()}.png"
+    try:
+        fig.savefig(tmp, dpi=100)
+    finally:
+        plt.close(fig)
+    os.replace(tmp, path)
+
+
+def _no_data(ax, what: str) -> None:
+    ax.text(0.5, 0.5, f"no {what} logged", ha="center", va="center", transform=ax.transAxes, color="gray")
+
+
+def plot_all(rows: list[dict], out_dir: str, title: str) -> list[str]:
+    plt = _pyplot()
+    train = [r for r in rows if _num(r, "loss") is not None]
+    paths = []
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    steps, loss = _series(train, "loss")
+    vsteps, vloss = _series(rows, "val_loss")
+    if steps:
+        ax.plot(steps, loss, label="train loss", linewidth=1.2)
+    if vsteps:
+        ax.plot(vsteps, vloss, "o", color="tab:red", label="val loss")
+    if not steps and not vsteps:
+        _no_data(ax, "loss")
+    else:
+        ax.legend()
+    ax.set(xlabel="step", ylabel="loss", title=f"{title}: loss")
+    ax.grid(alpha=0.3)
+    paths.append(os.path.join(out_dir, "loss.png"))
+    _save(fig, paths[-1])
+
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    steps, lr = _series(train, "lr")
+    if steps:
+        ax.plot(steps, lr, color="tab:green")
+        ax.ticklabel_format(axis="y", style="sci", scilimits=(-2, 3))
+    else:
+        _no_data(ax, "learning rate")
+    ax.set(xlabel="step", ylabel="learning rate", title=f"{title}: learning rate")
+    ax.grid(alpha=0.3)
+    paths.append(os.path.join(out_dir, "lr.png"))
+    _save(fig, paths[-1])
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    steps, tps = _series(train, "tokens_per_s")
+    if steps:
+        ax.plot(steps, tps, color="tab:blue", label="tokens/s")
+    else:
+        _no_data(ax, "throughput")
+    ax.set(xlabel="step", ylabel="tokens/s", title=f"{title}: throughput")
+    ax.grid(alpha=0.3)
+    msteps, mfu = _series(train, "mfu")
+    if msteps:
+        ax2 = ax.twinx()
+        ax2.plot(msteps, [100 * m for m in mfu], color="tab:orange", label="MFU", linewidth=1.0)
+        ax2.set_ylabel("MFU (%)")
+        lines = ax.get_lines() + ax2.get_lines()
+        ax.legend(lines, [line.get_label() for line in lines], loc="lower right")
+    paths.append(os.path.join(out_dir, "throughput.png"))
+    _save(fig, paths[-1])
+    return paths
+
+
+# ---------------------------------------------------------------------------------------------------- tensorboard
+
+def export_tensorboard(rows: list[dict], log_dir: str, metrics_path: str) -> tuple[str, int]:
+    """Write `rows` as an event file in log_dir: train rows as train/KEY, eval rows as val/KEY (val_loss ->
+    val/loss). Wall times are reconstructed from elapsed_s and the metrics file's modification time."""
+    from llmtrain.report.tensorboard import TensorBoardWriter, read_events
+
+    elapsed = [v for v in (_num(r, "elapsed_s") for r in rows) if v is not None]
+    start = os.path.getmtime(metrics_path) - (max(elapsed) if elapsed else 0.0)
+    with TensorBoardWriter(log_dir) as writer:
+        for r in rows:
+            if not isinstance(r.get("step"), int):
+                continue
+            wall = start + _num(r, "elapsed_s") if _num(r, "elapsed_s") is not None else None
+            if _num(r, "loss") is not None:
+                writer.add_scalars(r["step"], {f"train/{k}": v for k, v in r.items()
+                                               if k not in ("step", "val_loss")}, wall_time=wall)
+            if _num(r, "val_loss") is not None:
+                writer.add_scalars(r["step"], {"val/loss": r["val_loss"]}, wall_time=wall)
+        path = writer.path
+    return path, sum(1 for e in read_events(path) if e["scalars"])
+
+
+# ---------------------------------------------------------------------------------------------------- command
+
+def run_report(args) -> int:
+    run_dir = args.run_dir
+    metrics_path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.isfile(metrics_path):
+        raise ConfigError(run_dir, "not a run directory: no metrics.jsonl")
+    rows = read_metrics(metrics_path)
+    cfg = None
+    config_path = os.path.join(run_dir, "config.yaml")
+    if os.path.isfile(config_path):
+        from llmtrain.config.compose import load_run_config
+
+        cfg = load_run_config(config_path)
+    out_dir = getattr(args, "out", None) or os.path.join(run_dir, "report")
+
+    summary = summarize(run_dir, rows, cfg)
+    title = summary[0][1]
+    _pyplot()  # fail on a missing matplotlib before printing anything
+    os.makedirs(out_dir, exist_ok=True)
+    paths = plot_all(rows, out_dir, title)
+
+    console = Console()
+    table = Table(title=f"run report: {run_dir}", title_justify="left", show_header=False)
+    table.add_column("", style="bold")
+    table.add_column("", justify="right")
+    for label, value in summary:
+        table.add_row(label, value)
+    console.print(table)
+    if not rows:
+        console.print("metrics.jsonl has no rows yet", highlight=False)
+    console.print("plots: " + ", ".join(paths), highlight=False)
+    if getattr(args, "tensorboard", False):
+        tb_dir = os.path.join(out_dir, "tensorboard")
+        path, n = export_tensorboard(rows, tb_dir, metrics_path)
+        console.print(f"tensorboard: {n} events in {path} (view: tensorboard --logdir {tb_dir})", highlight=False)
+    return 0

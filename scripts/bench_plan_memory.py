@@ -1,0 +1,81 @@
+"""`llmtrain plan`'s per-rank memory against what the workers measure, for several layouts on CPU.
+
+Measured per rank (written by each worker after its first step): bytes of its parameter, gradient and AdamW-state
+shards, and the bytes autograd saved for backward during one micro-batch (a saved-tensor hook; parameters
+excluded). Predicted: the same quantities from `llmtrain plan` for the same config. Run:
+    python scripts/bench_plan_memory.py [--workdir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+MODEL = ["model.n_layers=4", "model.d_model=256", "model.n_heads=4", "model.seq_len=512", "train.micro_batch_size=4",
+         "train.max_steps=1", "train.eval_interval=0", "checkpoint.at_end=false", "data=synthetic", "hardware=cpu"]
+LAYOUTS = {
+    "1 process": ["cluster.nproc_per_node=1"],
+    "dp2 zero=3": ["cluster.nproc_per_node=2", "parallel.zero=3"],
+    "dp2 zero=2": ["cluster.nproc_per_node=2", "parallel.zero=2"],
+    "tp2": ["cluster.nproc_per_node=2", "parallel.tp=2"],
+    "tp2 +sp, recompute=full": ["cluster.nproc_per_node=2", "parallel.tp=2", "parallel.sequence_parallel=true",
+                                "recompute=full"],
+    "pp2 1f1b": ["cluster.nproc_per_node=2", "parallel.pp=2", "train.global_batch_size=8"],
+}
+
+
+def predicted(overrides: list[str]) -> dict:
+    out = subprocess.run([sys.executable, "-m", "llmtrain", "plan", *overrides, "--json"], capture_output=True,
+                         text=True, check=False)
+    return json.loads(out.stdout)
+
+
+def measured(run_dir: str, overrides: list[str]) -> list[dict]:
+    subprocess.run([sys.executable, "-m", "llmtrain", "launch", f"run.dir={run_dir}", *overrides], check=True,
+                   capture_output=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    logs = os.path.join(run_dir, "logs")
+    ranks = sorted(int(n[4:-7]) for n in os.listdir(logs) if n.endswith(".status"))
+    return [json.load(open(os.path.join(logs, f"rank{r}.status")))["state_bytes"] for r in ranks]
+
+
+def compare(name: str, overrides: list[str], workdir: str) -> list[dict]:
+    """One row per rank: predicted and measured state and activation bytes."""
+    plan = predicted(MODEL + overrides)
+    rows = []
+    pp = plan["dims"]["pp"]
+    run_dir = os.path.join(workdir, re.sub(r"[^A-Za-z0-9_-]+", "_", name))
+    for rank, got in enumerate(measured(run_dir, MODEL + overrides)):
+        stage = plan["stages"][(rank // plan["dims"]["tp"]) % pp if pp > 1 else 0]
+        state = stage["state_bytes"]
+        want_state = state["params"] + state["grads"] + state["optimizer"]
+        got_state = got["params"] + got["grads"] + got["optimizer"]
+        row = {"layout": name, "rank": rank, "state_pred": want_state, "state_meas": got_state}
+        if pp == 1 and plan["dims"]["zero"] == 0:  # one micro-batch in flight, no gathered parameters
+            row.update(act_pred=stage["activation_bytes"], act_meas=got["activations"])
+        rows.append(row)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--workdir", default=None)
+    args = parser.parse_args()
+    workdir = args.workdir or tempfile.mkdtemp(prefix="llmtrain-plan-bench-")
+    print("GPT 4 x 256, seq 512, micro-batch 4, fp32; MiB per rank (predicted / measured / error)")
+    print(f"{'layout':<26}{'rank':>5}{'state':>30}{'activations (1 micro-batch)':>36}")
+    for name, overrides in LAYOUTS.items():
+        for r in compare(name, overrides, workdir):
+            state = (f"{r['state_pred'] / 2**20:8.2f} / {r['state_meas'] / 2**20:8.2f} / "
+                     f"{r['state_pred'] / r['state_meas'] - 1:+6.1%}")
+            act = (f"{r['act_pred'] / 2**20:8.1f} / {r['act_meas'] / 2**20:8.1f} / "
+                   f"{r['act_pred'] / r['act_meas'] - 1:+6.1%}" if "act_pred" in r else "-")
+            print(f"{name:<26}{r['rank']:>5}{state:>30}{act:>36}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
