@@ -45,9 +45,10 @@ class Monitor:
         self.progress = Progress(
             TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
             TextColumn("loss [cyan]{task.fields[loss]}"), TextColumn("{task.fields[tps]} tok/s"),
+            TextColumn("MFU {task.fields[mfu]}"),
             TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
             console=self.console, transient=False, disable=not self.console.is_terminal)
-        self.task = self.progress.add_task("train", total=max_steps, loss="-", tps="-")
+        self.task = self.progress.add_task("train", total=max_steps, loss="-", tps="-", mfu="-")
         self.last_row: dict = {}
 
     def poll(self) -> None:
@@ -63,7 +64,8 @@ class Monitor:
                 loss = row["loss"]
                 self.progress.update(self.task, completed=row["step"],
                                      loss=f"{loss:.4f}" if isinstance(loss, float) else str(loss),
-                                     tps=f"{row.get('tokens_per_s', 0):,.0f}")
+                                     tps=f"{row.get('tokens_per_s', 0):,.0f}",
+                                     mfu=f"{row['mfu']:.1%}" if isinstance(row.get("mfu"), float) else "-")
 
     def follow(self, poll_exit: Callable[[], int | None], interval_s: float = 0.3,
                timeout_s: float | None = None) -> int | None:

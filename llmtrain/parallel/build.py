@@ -42,15 +42,24 @@ class ParallelModel:
         self.pipeline_loss_scale = 1.0
         self.has_first_stage = num_stages == 1 or 0 in self.stage_ids
         self.has_last_stage = num_stages == 1 or (num_stages - 1) in self.stage_ids
+        # Captured once, now, while FSDP2 has its sharded parameters registered: after a no-grad forward
+        # (evaluation) with reshard_after_forward=False the modules hold the unsharded ones until the next
+        # backward, and the optimizer and checkpoints must keep addressing the sharded objects.
+        self._named = self._collect()
 
-    def named_parameters(self):
-        """Parameters by their model name (wrapper prefixes removed), each once."""
-        seen = set()
+    def _collect(self) -> list[tuple[str, nn.Parameter]]:
+        seen, named = set(), []
         for part in self.parts:
             for name, p in part.named_parameters():
                 if id(p) not in seen:
                     seen.add(id(p))
-                    yield name.replace(CHECKPOINT_PREFIX, ""), p
+                    named.append((name.replace(CHECKPOINT_PREFIX, ""), p))
+        return named
+
+    def named_parameters(self):
+        """Parameters by their model name (wrapper prefixes removed), each once: the sharded objects the
+        optimizer updates."""
+        return iter(self._named)
 
     def parameters(self) -> list[nn.Parameter]:
         return [p for _, p in self.named_parameters()]
