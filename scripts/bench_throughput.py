@@ -10,12 +10,13 @@ cores of this machine, which is what llmtrain's local launcher gives a single pr
 - llmtrain: `python -m llmtrain launch ... train.log_interval=1`, read RUN_DIR/metrics.jsonl (elapsed_s and
   step_time_s of every step).
 
-Steady state = steps skip+1..steps (the first `--skip` steps are warm-up). Two figures per side, both from the
-median step in that window (a shared machine's bursts of contention hit single steps; a median ignores them,
-while a cost every step pays still shows):
+Steady state = steps skip+1..steps (the first `--skip` steps are warm-up). Three figures per side, all per step
+(a shared machine's bursts of contention hit single steps; a median or minimum ignores them, while a cost every
+step pays still shows):
   loop: tokens per step / median time between the ends of consecutive steps: everything a step costs, incl.
         llmtrain's per-step metrics row (written and fsynced, as log_interval=1 asks) and its flag all-reduce;
-  step: tokens per step / median step_time_s (llmtrain: train_step only, without the logging).
+  step: tokens per step / median step_time_s (llmtrain: train_step only, without the logging);
+  best: tokens per step / the fastest step_time_s (the least disturbed step: steadiest figure on a busy machine).
 Repeats alternate which side runs first; the table gives medians over repeats and llmtrain / plain.
 
 Default size: 4 layers x d_model 128 x seq 256 (byte vocabulary), batch 8 = 2048 tokens/step, ~0.8M parameters,
@@ -114,11 +115,11 @@ def run_llmtrain(a) -> tuple[list[float], list[float]]:
     return [r["elapsed_s"] for r in rows], [r["step_time_s"] for r in rows]
 
 
-def steady(a, ends: list[float], step_times: list[float]) -> tuple[float, float]:
-    """(loop tokens/s, step tokens/s) from the median step of steps skip+1..steps."""
+def steady(a, ends: list[float], step_times: list[float]) -> tuple[float, float, float]:
+    """(loop, step, best) tokens/s over steps skip+1..steps (see the module docstring)."""
     tokens = a.batch * a.seq
     loop = statistics.median(ends[i] - ends[i - 1] for i in range(a.skip, a.steps))
-    return tokens / loop, tokens / statistics.median(step_times[a.skip:])
+    return tokens / loop, tokens / statistics.median(step_times[a.skip:]), tokens / min(step_times[a.skip:])
 
 
 def main() -> None:
@@ -148,11 +149,13 @@ def main() -> None:
     for i in range(a.repeats):
         order = ["plain", "llmtrain"] if i % 2 == 0 else ["llmtrain", "plain"]
         for side in order:
-            loop, step = steady(a, *runners[side](a))
-            results[side].append((loop, step))
-            print(f"  repeat {i + 1} {side:<8}  loop {loop:>9,.0f} tok/s   step {step:>9,.0f} tok/s", flush=True)
+            loop, step, best = steady(a, *runners[side](a))
+            results[side].append((loop, step, best))
+            print(f"  repeat {i + 1} {side:<8}  loop {loop:>9,.0f}   step {step:>9,.0f}   best {best:>9,.0f} tok/s",
+                  flush=True)
     print(f"\n{'median tokens/s':<38}{'plain':>10}{'llmtrain':>10}{'ratio':>8}")
-    for k, name in enumerate(["loop (median step, incl. logging)", "step (median train step only)"]):
+    for k, name in enumerate(["loop (median step, incl. logging)", "step (median train step only)",
+                              "best (fastest train step)"]):
         plain = statistics.median(r[k] for r in results["plain"])
         ours = statistics.median(r[k] for r in results["llmtrain"])
         print(f"{name:<38}{plain:>10,.0f}{ours:>10,.0f}{ours / plain:>7.3f}x")

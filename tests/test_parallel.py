@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, SMALL, launch, read_rows
+from conftest import REPO, SMALL, launch
 
 pytestmark = pytest.mark.slow
 PARITY = SMALL + ["train.max_steps=10", "train.global_batch_size=8", "train.micro_batch_size=2"]

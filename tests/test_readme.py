@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 import shlex
-from pathlib import Path
 
 import pytest
 from conftest import REPO, run_cli
@@ -31,6 +30,7 @@ def test_readme_override_examples_resolve(tmp_path):
     (home / "my-configs" / "model").mkdir(parents=True)
     (home / "my-configs" / "model" / "my-gpt.yaml").write_text(
         "name: my-gpt\nn_layers: 2\nn_heads: 2\nd_model: 32\nvocab_size: 256\nseq_len: 32\n")
+    (tmp_path / "hosts.txt").write_text("node1 slots=8\nnode2 slots=8\n")
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "a.txt").write_text("hello llmtrain\n" * 200)
     prepared = run_cli(["data", "prepare", "--input", "docs", "--output", "data/train.bin"], cwd=tmp_path)
@@ -38,11 +38,20 @@ def test_readme_override_examples_resolve(tmp_path):
     commands = readme_commands("llmtrain launch ")
     assert len(commands) >= 5
     for command in commands:
-        args = [a.replace("~/", f"{home}/") for a in shlex.split(command)[1:]]
+        args = [a.replace("~/", f"{home}/") for a in shlex.split(command)[1:] if a != "--dry-run"]
         result = run_cli([args[0], "--dry-run", *args[1:]], cwd=tmp_path, env={"HOME": str(home)})
         assert result.returncode == 0, f"{command}: {result.stderr}"
         assert "llmtrain.worker" in result.stdout
         assert not (tmp_path / "runs").exists()
+
+
+def test_readme_plan_examples_run():
+    commands = readme_commands("llmtrain plan ")
+    assert len(commands) >= 2
+    for command in commands:
+        result = run_cli(shlex.split(command)[1:])
+        assert result.returncode == 0, f"{command}: {result.stdout[-1000:]} {result.stderr}"
+        assert "fits" in result.stdout or "fit" in result.stdout
 
 
 def test_readme_validation_examples():

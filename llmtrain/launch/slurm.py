@@ -55,7 +55,7 @@ class SlurmBackend(Backend):
         lines += ["set -euo pipefail", f"cd {shlex.quote(self.workdir)}"]
         lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items())]
         lines += ['head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)', f"port={port}",
-                  f'echo "llmtrain: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST (restart ${{SLURM_RESTART_COUNT:-0}})"',
+                  'echo "llmtrain: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST (restart ${SLURM_RESTART_COUNT:-0})"',
                   f"srun --nodes={c.nnodes} --ntasks-per-node=1 --kill-on-bad-exit=1 {command}"]
         return "\n".join(lines) + "\n"
 
