@@ -231,3 +231,35 @@ def test_export_hf_matches_and_init_from_continues(uninterrupted, tmp_path):
     first = [r for r in rows if "loss" in r][0]["loss"]
     assert abs(first - expected) <= 1e-5, (first, expected)
     assert first < uninterrupted["dp2"][1] - 0.3  # trained weights, not a fresh init
+
+
+def test_kill_during_a_save_keeps_the_previous_checkpoint(tmp_path):
+    """SIGKILL of every process of the job while a checkpoint is being written (its .tmp folder exists): the
+    previous checkpoint stays intact, the next launch ignores the partial one, says so, and resumes."""
+    import psutil
+
+    run_dir = tmp_path / "run"
+    # ~30 MB of model + optimizer state per save, so the write takes long enough to be caught in the act.
+    big = [*BASE, "model.d_model=256", "model.n_layers=4", "train.max_steps=40", "checkpoint.interval=3",
+           "checkpoint.keep=5"]
+    proc = _start(run_dir, *big)
+    ckpts = run_dir / "checkpoints"
+    try:
+        def saving_after_first():
+            names = [p.name for p in ckpts.iterdir()] if ckpts.exists() else []
+            return any(n.endswith(".tmp") for n in names) and any(not n.endswith(".tmp") for n in names)
+
+        assert wait_for(saving_after_first, timeout=180, interval=0.01), "never caught a save in progress"
+        victims = [psutil.Process(proc.pid)] + psutil.Process(proc.pid).children(recursive=True)
+        for p in victims:
+            p.kill()
+        proc.wait(timeout=30)
+    finally:
+        proc.kill()
+    partial = [p for p in ckpts.iterdir() if p.name.endswith(".tmp")]
+    complete = sorted(p for p in ckpts.iterdir() if not p.name.endswith(".tmp"))
+    assert partial and complete
+    result = run_cli(["launch", f"run.dir={run_dir}", *big, "train.stop_at_step=" + str(int(complete[-1].name[5:]) + 1)])
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "ignoring incomplete checkpoint" in result.stdout and partial[0].name in result.stdout
+    assert f"resuming from {complete[-1]}" in result.stdout.replace("\n", "")
