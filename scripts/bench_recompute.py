@@ -1,18 +1,17 @@
 """Activation memory and step time per recompute mode (none / selective / full / full every 2).
 
 One process. Activation memory is measured exactly: the bytes autograd keeps for backward (a saved-tensor hook
-counts each saved storage once; checkpointed blocks keep only their inputs). Peak RSS growth during forward +
-backward is sampled too, and CUDA max-allocated on a GPU. Run: python scripts/bench_recompute.py [--device cuda]
+counts each saved storage once; checkpointed blocks keep only their inputs); on a GPU also CUDA max-allocated.
+(RSS is not used: the CPU allocator keeps freed blocks, so RSS growth after a warm-up step says nothing.)
+Step time is the fastest of --repeats forward + backward passes. Run: python scripts/bench_recompute.py
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import threading
 import time
 
-import psutil
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -42,25 +41,6 @@ class SavedBytes:
         return sum(self.storages.values())
 
 
-def peak_rss_during(fn) -> tuple[float, int]:
-    proc, peak, stop = psutil.Process(), [0], threading.Event()
-    base = proc.memory_info().rss
-
-    def sample():
-        while not stop.is_set():
-            peak[0] = max(peak[0], proc.memory_info().rss)
-            time.sleep(0.002)
-
-    thread = threading.Thread(target=sample)
-    thread.start()
-    start = time.perf_counter()
-    fn()
-    elapsed = time.perf_counter() - start
-    stop.set()
-    thread.join()
-    return elapsed, max(0, peak[0] - base)
-
-
 def measure(overrides: list[str], device: torch.device, batch: int, repeats: int) -> dict:
     cfg = compose_config(["cluster.nproc_per_node=1", *overrides])
     dims = ParallelDims.from_config(cfg)
@@ -75,16 +55,18 @@ def measure(overrides: list[str], device: torch.device, batch: int, repeats: int
         model.zero_grad(set_to_none=True)
 
     step()  # warm-up (allocator, kernels)
-    times, rss = [], []
+    times = []
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     for _ in range(repeats):
         saved.storages.clear()
-        t, r = peak_rss_during(step)
-        times.append(t)
-        rss.append(r)
-    out = {"saved_mib": saved.total / 2**20, "step_s": min(times), "rss_growth_mib": min(rss) / 2**20}
+        start = time.perf_counter()
+        step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    out = {"saved_mib": saved.total / 2**20, "step_s": min(times)}
     if device.type == "cuda":
         out["cuda_peak_mib"] = torch.cuda.max_memory_allocated() / 2**20
     return out
@@ -108,14 +90,15 @@ def main() -> None:
     modes = {"none": ["recompute=none"], "selective": ["recompute=selective"], "full": ["recompute=full"],
              "full every 2": ["recompute=full", "recompute.every=2"]}
     print(f"GPT {args.layers} layers x {args.width}, seq {args.seq}, batch {args.batch}, fp32, {args.device}")
-    print(f"{'mode':<14}{'saved for backward':>20}{'vs none':>9}{'peak RSS growth':>17}{'fwd+bwd':>10}{'vs none':>9}")
+    print(f"{'mode':<14}{'saved for backward':>20}{'vs none':>9}{'fwd+bwd':>10}{'vs none':>9}"
+          + (f"{'CUDA peak':>12}" if args.device == "cuda" else ""))
     base = None
     for name, overrides in modes.items():
         r = measure(model + overrides, device, args.batch, args.repeats)
         base = base or r
         print(f"{name:<14}{r['saved_mib']:>16.1f} MiB{r['saved_mib'] / base['saved_mib'] - 1:>+9.0%}"
-              f"{r['rss_growth_mib']:>13.1f} MiB{r['step_s']:>9.2f}s{r['step_s'] / base['step_s'] - 1:>+9.0%}",
-              flush=True)
+              f"{r['step_s']:>9.2f}s{r['step_s'] / base['step_s'] - 1:>+9.0%}"
+              + (f"{r['cuda_peak_mib']:>8.0f} MiB" if "cuda_peak_mib" in r else ""), flush=True)
     dist.destroy_process_group()
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from llmtrain.checkpoint.export import FORMATS
+# Kept here (not imported from export.py) so building the CLI's parser does not import torch.
+FORMATS = ("safetensors", "hf")
 
 
 def add_export_arguments(parser: argparse.ArgumentParser) -> None:
