@@ -83,32 +83,29 @@ class Monitor:
                 time.sleep(interval_s)
 
 
-_ROOT_CAUSE_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)", re.MULTILINE)
-_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)", re.MULTILINE)
+_FAILURE = re.compile(r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)")
+
+
+def agent_failures(agent_output: str) -> dict[int, int]:
+    """rank -> exit code of every failure in torchrun's summary (negative: killed by that signal)."""
+    return {int(rank): int(code) for rank, code in _FAILURE.findall(agent_output)}
 
 
 def failed_ranks(run_dir: str, agent_output: str) -> list[int]:
-    """Ranks that failed: torchrun's root-cause report first, then ranks whose status file says error."""
-    ranks: list[int] = []
+    """Failed ranks, the likely culprit first. A rank killed by a signal, or one that died without writing its
+    status, comes before ranks that recorded an error: those usually failed because a peer vanished (a reset
+    connection), and under load torchrun may observe them first."""
+    failures = agent_failures(agent_output)
+    statuses = rank_statuses(run_dir)
     root = agent_output.split("Root Cause", 1)
-    if len(root) == 2:
-        ranks += [int(r) for r in _ROOT_CAUSE_RANK.findall(root[1])[:1]]
-    logs = os.path.join(run_dir, "logs")
-    try:
-        names = sorted(os.listdir(logs))
-    except FileNotFoundError:
-        names = []
-    for name in names:
-        if name.endswith(".status"):
-            try:
-                with open(os.path.join(logs, name)) as f:
-                    if json.load(f).get("status") == "error":
-                        r = int(name[len("rank"):-len(".status")])
-                        if r not in ranks:
-                            ranks.append(r)
-            except (OSError, ValueError):
-                continue
-    return ranks
+    root_rank = [int(r) for r, _ in _FAILURE.findall(root[1])[:1]] if len(root) == 2 else []
+    errored = sorted(r for r, st in statuses.items() if st.get("status") == "error")
+    silent = sorted(r for r in failures if r not in statuses or failures[r] < 0)
+    ordered: list[int] = []
+    for r in silent + root_rank + sorted(failures) + errored:
+        if r not in ordered:
+            ordered.append(r)
+    return ordered
 
 
 def rank_statuses(run_dir: str) -> dict[int, dict]:
@@ -138,15 +135,15 @@ def tail(path: str, n: int = 20) -> list[str]:
 
 def report_failure(console: Console, run_dir: str, agent_output: str, exit_code: int, nproc_per_node: int) -> None:
     ranks = failed_ranks(run_dir, agent_output)
-    exit_match = _EXIT.search(agent_output.split("Root Cause", 1)[-1])
     if not ranks:
         console.print(f"[bold red]llmtrain: the job failed with exit code {exit_code}[/] (no rank reported an "
                       f"error; see {os.path.join(run_dir, 'logs')})")
         return
     rank = ranks[0]
-    how = f"exit code {exit_match.group(1)}" if exit_match else f"job exit code {exit_code}"
-    if exit_match and int(exit_match.group(1)) < 0:
-        how = f"signal {-int(exit_match.group(1))}"
+    code = agent_failures(agent_output).get(rank)
+    how = f"job exit code {exit_code}" if code is None else f"exit code {code}"
+    if code is not None and code < 0:
+        how = f"signal {-code}"
     node, local = divmod(rank, nproc_per_node)
     log = os.path.join(run_dir, "logs", f"rank{rank}.log")
     console.print(f"[bold red]llmtrain: rank {rank} (node {node}, local rank {local}) failed ({how})[/]; "
