@@ -115,3 +115,14 @@ def test_tensor_parallel_issues_the_megatron_minimum_per_layer(tmp_path):
     sp = {phase: {k: v for k, v in ops.items() if v} for phase, ops in counts["sp"]["per_layer"].items()}
     assert sp["forward"] == {"all_gather_single": 2.0, "reduce_scatter_single": 2.0}
     assert sp["backward"] == {"all_gather_single": 2.0, "reduce_scatter_single": 2.0}
+
+
+def test_pipeline_evaluation_matches_one_process(tmp_path):
+    """Validation loss under PP x TP (schedule eval on the last stage) equals one process's."""
+    args = [*PARITY, "train.max_steps=4", "train.eval_interval=2", "train.eval_steps=2"]
+    one = launch(tmp_path / "one", *args, "cluster.nproc_per_node=1")
+    pp = launch(tmp_path / "pp", *args, "cluster.nproc_per_node=4", "parallel.pp=2", "parallel.tp=2")
+    want = {r["step"]: r["val_loss"] for r in one if "val_loss" in r}
+    got = {r["step"]: r["val_loss"] for r in pp if "val_loss" in r}
+    assert sorted(got) == sorted(want) == [2, 4]
+    assert max(abs(got[s] - want[s]) for s in want) <= 1e-5

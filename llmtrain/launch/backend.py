@@ -41,11 +41,15 @@ class Backend(abc.ABC):
     def node_commands(self) -> list[NodeCommand]:
         """The commands that start torchrun on each node (shown by --dry-run, run by launch)."""
 
+    def command_line(self, cmd: NodeCommand) -> str:
+        """How a node's command is actually run, as shell text (ssh wraps it)."""
+        return cmd.shell()
+
     def preview(self) -> str:
         """What --dry-run prints after the config: each node's command and the environment it adds."""
         out = []
         for cmd in self.node_commands():
-            out.append(f"node {cmd.node_rank} ({cmd.host}):\n{cmd.shell()}\nenvironment added:")
+            out.append(f"node {cmd.node_rank} ({cmd.host}):\n{self.command_line(cmd)}\nenvironment added:")
             out += [f"  {k}={v}" for k, v in sorted(cmd.env.items())]
         return "\n".join(out)
 

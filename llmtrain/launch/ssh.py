@@ -62,12 +62,8 @@ class SSHBackend(Backend):
             cmds.append(NodeCommand(host=host.name, node_rank=rank, argv=argv, env=worker_env(self.cfg)))
         return cmds
 
-    def preview(self) -> str:
-        out = []
-        for cmd in self.node_commands():
-            out.append(f"node {cmd.node_rank} ({cmd.host}):\n{shlex.join(self.ssh_argv(cmd))}\nenvironment added:")
-            out += [f"  {k}={v}" for k, v in sorted(cmd.env.items())]
-        return "\n".join(out)
+    def command_line(self, cmd: NodeCommand) -> str:
+        return shlex.join(self.ssh_argv(cmd))
 
     def ssh_argv(self, cmd: NodeCommand) -> list[str]:
         return ssh_base(self.cfg.cluster) + [cmd.host, remote_command(cmd, self.workdir)]

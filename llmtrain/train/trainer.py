@@ -222,16 +222,23 @@ class Trainer:
         return total / self.accum
 
     def _pipeline_forward_backward(self) -> torch.Tensor:
-        xs, ys = zip(*(self._batch("train", self.step, m) for m in range(self.accum)))
-        x, y = torch.cat(xs), torch.cat(ys)
+        batches = [self._batch("train", self.step, m) for m in range(self.accum)]
+        return self._run_pipeline(batches, train=True)
+
+    def _run_pipeline(self, batches: list[tuple[torch.Tensor, torch.Tensor]], train: bool) -> torch.Tensor:
+        """All micro-batches through the pipeline schedule (step = forward + backward, eval = forward only);
+        the mean loss on the last stage, zero elsewhere."""
+        x = torch.cat([b[0] for b in batches])
+        y = torch.cat([b[1] for b in batches])
         losses: list[torch.Tensor] = []
-        scale = self.scaler.scale if self.scaler.enabled else 1.0
+        scale = self.scaler.scale if (train and self.scaler.enabled) else 1.0
         self.model.pipeline_loss_scale = scale
+        run = self.model.pipeline.step if train else self.model.pipeline.eval
         with self.model.loss_context(), self.autocast():
             if self.model.has_first_stage:
-                self.model.pipeline.step(x, target=y, losses=losses)
+                run(x, target=y, losses=losses)
             else:
-                self.model.pipeline.step(target=y, losses=losses)
+                run(target=y, losses=losses)
         if self.model.has_last_stage:
             return torch.stack([plain(loss.detach()).float() for loss in losses]).mean() / scale
         return torch.zeros((), device=self.device)
@@ -329,26 +336,12 @@ class Trainer:
         for i in range(self.cfg.train.eval_steps):
             batches = [self._batch("val", i, m) for m in range(self.accum)]
             if self.model.pipeline is not None:
-                total += self._pipeline_eval(batches)
+                total += self._run_pipeline(batches, train=False)
                 continue
             for x, y in batches:
                 with self.model.loss_context(), self.autocast():
                     total += plain(self.loss_fn(self.model.parts[0](x), y)).float() / self.accum
         return self.global_mean_loss(total / max(1, self.cfg.train.eval_steps))
-
-    def _pipeline_eval(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-        x = torch.cat([b[0] for b in batches])
-        y = torch.cat([b[1] for b in batches])
-        losses: list[torch.Tensor] = []
-        self.model.pipeline_loss_scale = 1.0
-        with self.model.loss_context(), self.autocast():
-            if self.model.has_first_stage:
-                self.model.pipeline.eval(x, target=y, losses=losses)
-            else:
-                self.model.pipeline.eval(target=y, losses=losses)
-        if self.model.has_last_stage:
-            return torch.stack([plain(loss).float() for loss in losses]).mean()
-        return torch.zeros((), device=self.device)
 
     # ---- the loop ------------------------------------------------------------------------------------------------
     def memory_gib(self) -> float:
