@@ -1,6 +1,6 @@
 """Session fixture `cluster`: a real two-node Slurm + ssh cluster from network namespaces (scripts/testcluster.sh).
 
-Use it from a test module with `from cluster_fixture import cluster  # noqa: F401`. The nodes `node1`/`node2` share
+conftest.py imports it once, so every test module shares one instance (importing it into two modules would start two). The nodes `node1`/`node2` share
 this machine's filesystem, so they run the same Python from the same working directory. Skips when the script exits
 77 (not root, no network namespaces); fails on any other setup error. The cluster is torn down at session end.
 """

@@ -72,3 +72,6 @@ def wait_for(predicate, timeout: float, interval: float = 0.2):
             return value
         time.sleep(interval)
     return predicate()
+
+# The two-node cluster fixture lives here, once, so every module shares one session-scoped instance.
+from cluster_fixture import cluster  # noqa: E402,F401

@@ -12,7 +12,6 @@ import time
 
 import psutil
 import pytest
-from cluster_fixture import cluster  # noqa: F401 - the session fixture
 from conftest import SMALL, launch, read_rows, run_cli, train_losses, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]

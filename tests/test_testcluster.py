@@ -8,7 +8,7 @@ import sys
 import textwrap
 
 import pytest
-from cluster_fixture import REPO, cluster  # noqa: F401
+from cluster_fixture import REPO
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
