@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 import traceback
 from datetime import timedelta
@@ -30,7 +31,8 @@ def _write_status(path: str, status: str, error: str | None = None, **extra) -> 
     tmp = f"{path}.tmp"
     with open(tmp, "w") as f:
         json.dump({"status": status, "error": error,
-                   "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)), **extra}, f)
+                   "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
+                   "host": socket.gethostname(), **extra}, f)
     os.replace(tmp, path)
 
 

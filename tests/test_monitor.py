@@ -2,7 +2,9 @@
 
 import json
 
-from llmtrain.launch.monitor import failed_ranks
+from rich.console import Console
+
+from llmtrain.launch.failures import culprit_node, failed_ranks, report_failure
 
 SUMMARY = """Failures:
 [1]:
@@ -35,3 +37,35 @@ def test_status_files_alone(tmp_path):
     (tmp_path / "logs" / "rank3.status").write_text(json.dumps({"status": "error"}))
     (tmp_path / "logs" / "rank1.status").write_text(json.dumps({"status": "ok"}))
     assert failed_ranks(str(tmp_path), "") == [3]
+
+
+def _summary(rank: int, code: int, host: str) -> str:
+    return (f"Root Cause (first observed failure):\n[0]:\n  host      : {host}\n  rank      : {rank} (local_rank: 0)\n"
+            f"  exitcode  : {code} (pid: 7)\n")
+
+
+def test_the_node_whose_rank_was_killed_is_the_culprit_even_when_it_failed_second(tmp_path):
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "rank0.status").write_text(json.dumps({"status": "error"}))  # lost its peer
+    outputs = [_summary(0, 1, "node1"), _summary(1, -9, "node2")]
+    assert culprit_node(str(tmp_path), outputs, [1, 1], failure_order=[0, 1]) == 1
+    # Both only errored: the first to fail is named.
+    (tmp_path / "logs" / "rank1.status").write_text(json.dumps({"status": "error"}))
+    outputs[1] = _summary(1, 1, "node2")
+    assert culprit_node(str(tmp_path), outputs, [1, 1], failure_order=[0, 1]) == 0
+    # A node whose ssh connection broke (exit 255, no summary) comes before nodes whose ranks errored.
+    assert culprit_node(str(tmp_path), [outputs[0], "", outputs[1]], [1, 255, 1], failure_order=[0, 2, 1]) == 1
+    # A node still running is never named.
+    assert culprit_node(str(tmp_path), outputs, [1, None], failure_order=[0]) == 0
+
+
+def test_report_names_rank_host_and_signal(tmp_path):
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "rank1.log").write_text("step 3\nKilled\n")
+    console = Console(record=True, width=200)
+    report_failure(console, str(tmp_path), _summary(1, -9, "node2"), 1)
+    text = console.export_text()
+    assert "rank 1 (host node2, local rank 0) failed (signal 9)" in text and "Killed" in text
+    console = Console(record=True, width=200)
+    report_failure(console, str(tmp_path), _summary(1, -9, "node2"), 1, node=1)
+    assert "rank 1 (node 1, local rank 0) failed (signal 9)" in console.export_text()

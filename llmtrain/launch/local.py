@@ -8,7 +8,7 @@ import socket
 from llmtrain.config.errors import ConfigError
 from llmtrain.launch import processes
 from llmtrain.launch.backend import Backend, NodeCommand, torchrun_argv, worker_env
-from llmtrain.launch.monitor import report_failure
+from llmtrain.launch.failures import report_failure
 
 
 def free_port() -> int:
@@ -47,7 +47,7 @@ class LocalBackend(Backend):
         code = self.follow(monitor)
         if code != 0:
             report_failure(monitor.console, self.run_dir, "".join(self.output), code,
-                           self.cfg.cluster.nproc_per_node)
+                           node=self.cfg.cluster.node_rank)
         self.stop()
         return code
 

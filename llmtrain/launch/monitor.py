@@ -1,11 +1,10 @@
 """What the user sees while a job runs: a live rich progress line (step/total, loss, tokens/s, ETA) fed by
-metrics.jsonl, rank 0's log streamed above it, and, when a rank fails, which one and the tail of its log."""
+metrics.jsonl, and rank 0's log streamed above it. Which rank failed is worked out in failures.py."""
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import time
 from typing import Callable
 
@@ -81,72 +80,3 @@ class Monitor:
                 if deadline is not None and time.monotonic() > deadline:
                     return None
                 time.sleep(interval_s)
-
-
-_FAILURE = re.compile(r"rank\s*:\s*(\d+)[^\n]*\n\s*exitcode\s*:\s*(-?\d+)")
-
-
-def agent_failures(agent_output: str) -> dict[int, int]:
-    """rank -> exit code of every failure in torchrun's summary (negative: killed by that signal)."""
-    return {int(rank): int(code) for rank, code in _FAILURE.findall(agent_output)}
-
-
-def failed_ranks(run_dir: str, agent_output: str) -> list[int]:
-    """Failed ranks, the likely culprit first. A rank killed by a signal, or one that died without writing its
-    status, comes before ranks that recorded an error: those usually failed because a peer vanished (a reset
-    connection), and under load torchrun may observe them first."""
-    failures = agent_failures(agent_output)
-    statuses = rank_statuses(run_dir)
-    root = agent_output.split("Root Cause", 1)
-    root_rank = [int(r) for r, _ in _FAILURE.findall(root[1])[:1]] if len(root) == 2 else []
-    errored = sorted(r for r, st in statuses.items() if st.get("status") == "error")
-    silent = sorted(r for r in failures if r not in statuses or failures[r] < 0)
-    ordered: list[int] = []
-    for r in silent + root_rank + sorted(failures) + errored:
-        if r not in ordered:
-            ordered.append(r)
-    return ordered
-
-
-def rank_statuses(run_dir: str) -> dict[int, dict]:
-    logs = os.path.join(run_dir, "logs")
-    out = {}
-    try:
-        names = os.listdir(logs)
-    except FileNotFoundError:
-        return out
-    for name in names:
-        if name.startswith("rank") and name.endswith(".status"):
-            try:
-                with open(os.path.join(logs, name)) as f:
-                    out[int(name[4:-7])] = json.load(f)
-            except (OSError, ValueError):
-                continue
-    return out
-
-
-def tail(path: str, n: int = 20) -> list[str]:
-    try:
-        with open(path, errors="replace") as f:
-            return f.read().splitlines()[-n:]
-    except FileNotFoundError:
-        return []
-
-
-def report_failure(console: Console, run_dir: str, agent_output: str, exit_code: int, nproc_per_node: int) -> None:
-    ranks = failed_ranks(run_dir, agent_output)
-    if not ranks:
-        console.print(f"[bold red]llmtrain: the job failed with exit code {exit_code}[/] (no rank reported an "
-                      f"error; see {os.path.join(run_dir, 'logs')})")
-        return
-    rank = ranks[0]
-    code = agent_failures(agent_output).get(rank)
-    how = f"job exit code {exit_code}" if code is None else f"exit code {code}"
-    if code is not None and code < 0:
-        how = f"signal {-code}"
-    node, local = divmod(rank, nproc_per_node)
-    log = os.path.join(run_dir, "logs", f"rank{rank}.log")
-    console.print(f"[bold red]llmtrain: rank {rank} (node {node}, local rank {local}) failed ({how})[/]; "
-                  f"last lines of {log}:")
-    for line in tail(log):
-        console.print(f"  {line}", markup=False, highlight=False)

@@ -132,7 +132,7 @@ def launch(cfg: DictConfig) -> int:
 
 def preempt(backend, monitor, cfg: DictConfig, why: str) -> int:
     """Ask every worker to checkpoint at its next step boundary, wait for them, report."""
-    from llmtrain.launch.monitor import rank_statuses
+    from llmtrain.launch.failures import rank_statuses
 
     console = monitor.console
     grace = cfg.launch.preempt_grace_s

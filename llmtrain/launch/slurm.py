@@ -14,6 +14,7 @@ import subprocess
 
 from llmtrain.config.errors import ConfigError
 from llmtrain.launch.backend import Backend, NodeCommand, node_python, torchrun_argv, worker_env
+from llmtrain.launch.failures import report_failure
 
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
                 "DEADLINE", "PREEMPTED"}
@@ -103,7 +104,18 @@ class SlurmBackend(Backend):
                                   f"{os.path.join(self.run_dir, 'logs')}", markup=False, highlight=False)
             return 0
         code = self.follow(monitor)
-        return 1 if code is None else code
+        code = 1 if code is None else code
+        if code != 0:
+            # srun gathers every node's torchrun output into the job's log; ranks are global there.
+            report_failure(monitor.console, self.run_dir, self.job_output(), code)
+        return code
+
+    def job_output(self) -> str:
+        try:
+            with open(os.path.join(self.run_dir, "logs", f"slurm-{self.job_id}.out"), errors="replace") as f:
+                return f.read()
+        except FileNotFoundError:
+            return ""
 
     def follow(self, monitor, timeout_s: float | None = None) -> int | None:
         last = [None]

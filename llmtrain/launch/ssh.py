@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import os
 import shlex
+import time
 import uuid
 
 from llmtrain.launch import processes
 from llmtrain.launch.backend import Backend, NodeCommand, node_python, torchrun_argv, worker_env
 from llmtrain.launch.hostfile import cluster_hosts
-from llmtrain.launch.monitor import report_failure, tail
+from llmtrain.launch.failures import culprit_node, report_failure, tail
 
 DEFAULT_PORT = 29500
+# After the first node fails, how long the others get to fail on their own: their torchrun summaries tell which
+# node's rank died first (the first node to exit is often one whose ranks only lost a peer).
+SETTLE_S = 15.0
 
 
 def ssh_base(cluster) -> list[str]:
@@ -50,6 +54,7 @@ class SSHBackend(Backend):
         self.workdir = cfg.cluster.workdir or os.getcwd()
         self.procs: list = []
         self.outputs: list[list[str]] = []
+        self.failure_order: list[int] = []  # node indices, in the order their agents were seen failing
 
     def node_commands(self) -> list[NodeCommand]:
         cmds = []
@@ -76,31 +81,38 @@ class SSHBackend(Backend):
             self.outputs.append(output)
         code = self.follow(monitor)
         if code != 0:
+            self._settle()
             self._report(monitor.console, code)
         self.stop()
         return code
 
     def _poll(self) -> int | None:
         codes = [p.poll() for p in self.procs]
-        failed = [c for c in codes if c not in (None, 0)]
-        if failed:
-            return failed[0]
+        for node, c in enumerate(codes):
+            if c not in (None, 0) and node not in self.failure_order:
+                self.failure_order.append(node)
+        if self.failure_order:
+            return codes[self.failure_order[0]]
         return 0 if all(c == 0 for c in codes) else None
+
+    def _settle(self) -> None:
+        deadline = time.monotonic() + SETTLE_S
+        while time.monotonic() < deadline and any(p.poll() is None for p in self.procs):
+            time.sleep(0.2)
+        self._poll()
 
     def follow(self, monitor, timeout_s: float | None = None) -> int | None:
         return monitor.follow(self._poll, timeout_s=timeout_s)
 
     def _report(self, console, code: int) -> None:
-        for rank, proc in enumerate(self.procs):
-            if proc.poll() not in (None, 0):
-                host = self.hosts[rank].name
-                console.print(f"[bold red]llmtrain: node {rank} ({host}) failed with exit code "
-                              f"{proc.returncode}[/]; stopping the other nodes")
-                for line in tail(os.path.join(self.run_dir, "logs", f"node{rank}.log"), 8):
-                    console.print(f"  {line}", markup=False, highlight=False)
-                report_failure(console, self.run_dir, "".join(self.outputs[rank]), code,
-                               self.cfg.cluster.nproc_per_node)
-                return
+        codes = [p.poll() for p in self.procs]
+        node = culprit_node(self.run_dir, ["".join(o) for o in self.outputs], codes, self.failure_order)
+        host = self.hosts[node].name
+        console.print(f"[bold red]llmtrain: node {node} ({host}) failed with exit code {codes[node]}[/]; "
+                      f"stopping the other nodes")
+        for line in tail(os.path.join(self.run_dir, "logs", f"node{node}.log"), 8):
+            console.print(f"  {line}", markup=False, highlight=False)
+        report_failure(console, self.run_dir, "".join(self.outputs[node]), code, node=node)
 
     def _send(self, line: str | None) -> None:
         for proc in self.procs:
