@@ -1,8 +1,9 @@
 """`llmtrain plan`'s per-rank memory against what the workers measure, for several layouts on CPU.
 
-Measured per rank (written by each worker after its first step): bytes of its parameter, gradient and AdamW-state
-shards, and the bytes autograd saved for backward during one micro-batch (a saved-tensor hook; parameters
-excluded). Predicted: the same quantities from `llmtrain plan` for the same config. Run:
+Measured per rank (written by each worker to logs/rank{R}.status): bytes of its parameter, gradient and AdamW-state
+shards, the bytes autograd saved for backward during one micro-batch (a saved-tensor hook; parameters excluded), and
+the peak of live tensor bytes over the first two steps (`profile.memory=true`: the CPU allocator's events recorded
+by torch.profiler). Predicted: the same quantities from `llmtrain plan` for the same config. Run:
     python scripts/bench_plan_memory.py [--workdir DIR]
 """
 
@@ -17,15 +18,24 @@ import sys
 import tempfile
 
 MODEL = ["model.n_layers=4", "model.d_model=256", "model.n_heads=4", "model.seq_len=512", "train.micro_batch_size=4",
-         "train.max_steps=1", "train.eval_interval=0", "checkpoint.at_end=false", "data=synthetic", "hardware=cpu"]
+         "train.max_steps=2", "train.eval_interval=0", "checkpoint.at_end=false", "data=synthetic", "hardware=cpu",
+         "profile.memory=true"]
 LAYOUTS = {
     "1 process": ["cluster.nproc_per_node=1"],
     "dp2 zero=3": ["cluster.nproc_per_node=2", "parallel.zero=3"],
     "dp2 zero=2": ["cluster.nproc_per_node=2", "parallel.zero=2"],
     "tp2": ["cluster.nproc_per_node=2", "parallel.tp=2"],
+    "recompute=full": ["cluster.nproc_per_node=1", "recompute=full"],
+    "pp2 1f1b": ["cluster.nproc_per_node=2", "parallel.pp=2", "train.global_batch_size=8"],
+}
+# Printed, not held to 10%: under tensor parallel the measured peak moves by up to ~10 MiB between identical runs
+# (when a collective's buffers are freed depends on timing), which at these sizes is 10-20% of a small peak; and
+# with sequence parallel the peak is above the plan (its saved activations match) by more than that.
+UNMODELLED = {
+    "tp2 recompute=full": ["cluster.nproc_per_node=2", "parallel.tp=2", "recompute=full"],
+    "tp2 +sp": ["cluster.nproc_per_node=2", "parallel.tp=2", "parallel.sequence_parallel=true"],
     "tp2 +sp, recompute=full": ["cluster.nproc_per_node=2", "parallel.tp=2", "parallel.sequence_parallel=true",
                                 "recompute=full"],
-    "pp2 1f1b": ["cluster.nproc_per_node=2", "parallel.pp=2", "train.global_batch_size=8"],
 }
 
 
@@ -54,7 +64,8 @@ def compare(name: str, overrides: list[str], workdir: str) -> list[dict]:
         state = stage["state_bytes"]
         want_state = state["params"] + state["grads"] + state["optimizer"]
         got_state = got["params"] + got["grads"] + got["optimizer"]
-        row = {"layout": name, "rank": rank, "state_pred": want_state, "state_meas": got_state}
+        row = {"layout": name, "rank": rank, "state_pred": want_state, "state_meas": got_state,
+               "peak_pred": stage["peak_bytes"], "peak_meas": got["peak"]}
         if pp == 1 and plan["dims"]["zero"] == 0:  # one micro-batch in flight, no gathered parameters
             row.update(act_pred=stage["activation_bytes"], act_meas=got["activations"])
         rows.append(row)
@@ -66,15 +77,18 @@ def main() -> None:
     parser.add_argument("--workdir", default=None)
     args = parser.parse_args()
     workdir = args.workdir or tempfile.mkdtemp(prefix="llmtrain-plan-bench-")
-    print("GPT 4 x 256, seq 512, micro-batch 4, fp32; MiB per rank (predicted / measured / error)")
-    print(f"{'layout':<26}{'rank':>5}{'state':>30}{'activations (1 micro-batch)':>36}")
-    for name, overrides in LAYOUTS.items():
+    print("GPT 4 x 256, seq 512, micro-batch 4, fp32; MiB per rank (predicted / measured / error); peak: steps 1-2")
+    print(f"{'layout':<26}{'rank':>5}{'state':>30}{'activations (1 micro-batch)':>36}{'peak':>30}")
+    for name, overrides in [*LAYOUTS.items(), *((f"{k} (*)", v) for k, v in UNMODELLED.items())]:
         for r in compare(name, overrides, workdir):
             state = (f"{r['state_pred'] / 2**20:8.2f} / {r['state_meas'] / 2**20:8.2f} / "
                      f"{r['state_pred'] / r['state_meas'] - 1:+6.1%}")
             act = (f"{r['act_pred'] / 2**20:8.1f} / {r['act_meas'] / 2**20:8.1f} / "
                    f"{r['act_pred'] / r['act_meas'] - 1:+6.1%}" if "act_pred" in r else "-")
-            print(f"{name:<26}{r['rank']:>5}{state:>30}{act:>36}", flush=True)
+            peak = (f"{r['peak_pred'] / 2**20:8.1f} / {r['peak_meas'] / 2**20:8.1f} / "
+                    f"{r['peak_pred'] / r['peak_meas'] - 1:+6.1%}")
+            print(f"{name:<26}{r['rank']:>5}{state:>30}{act:>36}{peak:>30}", flush=True)
+    print("(*) not modelled to 10% yet: see UNMODELLED in this script")
 
 
 if __name__ == "__main__":

@@ -97,6 +97,7 @@ BAD_INPUTS = [
      "model.vocab_pad_multiple"),                                             # padded vocab not divisible by tp
     (["--config-dir", "/nonexistent/configs"], "--config-dir"),
     (["train.lr=="], "override"),                                             # unparsable override
+    (["profile.memory=true", "profile.steps=[1,2]"], "profile.memory"),       # two profilers at once
 ]
 
 

@@ -53,17 +53,17 @@ def _bench():
 
 @pytest.mark.slow
 def test_predicted_memory_within_10_percent_of_measured(tmp_path):
+    """Per rank: model state, saved activations and the measured peak of live tensor bytes (profile.memory)."""
     bench = _bench()
-    checked = 0
+    checked = set()
     for name, overrides in bench.LAYOUTS.items():
         for row in bench.compare(name, overrides, str(tmp_path)):
             assert abs(row["state_pred"] / row["state_meas"] - 1) <= 0.10, row
+            assert abs(row["peak_pred"] / row["peak_meas"] - 1) <= 0.10, row
             if "act_pred" in row:
                 assert abs(row["act_pred"] / row["act_meas"] - 1) <= 0.10, row
-                peak_pred, peak_meas = row["state_pred"] + row["act_pred"], row["state_meas"] + row["act_meas"]
-                assert abs(peak_pred / peak_meas - 1) <= 0.10, row
-            checked += 1
-    assert checked >= 10  # 6 layouts, every rank
+            checked.add(name)
+    assert len(checked) >= 5  # dp, tp, pp, zero and recompute varied
 
 
 def test_plan_cli_fit_json_and_speed():

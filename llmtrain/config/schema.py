@@ -112,6 +112,9 @@ class ProfileConfig:
     steps: Optional[List[int]] = None
     # Run the workers under Nsight Systems (nsys must be installed on every node).
     nsys: bool = False
+    # Measure each rank's peak tensor memory over the first two steps into logs/rank{R}.status (CUDA: always; CPU:
+    # only when true, through torch.profiler's allocator events, which slows those steps).
+    memory: bool = False
 
 
 @dataclass

@@ -81,6 +81,9 @@ def _validate_recompute_and_optim(cfg: DictConfig) -> None:
         steps = list(prof.steps)
         _require(len(steps) == 2 and 1 <= steps[0] <= steps[1], "profile.steps",
                  f"must be [A, B] with 1 <= A <= B (got {steps})")
+    # Both run a torch.profiler, and only one can record at a time (CUDA measures the peak without it).
+    _require(not (prof.memory and prof.steps is not None), "profile.memory",
+             "cannot be combined with profile.steps (one torch.profiler at a time); set one of them")
     if prof.nsys:
         import shutil
 

@@ -5,8 +5,9 @@ tests compare them with the real model on every rank); no torch import, so a pla
 gradients and two AdamW moments, sharded by zero level) and Korthikanti et al. 2022 for activations, adjusted to
 what this trainer keeps: fused attention (SDPA) stores no seq x seq matrix and there are no dropout masks, so a
 layer keeps 17 s*b*h elements (LN inputs 2, q/k/v input 1, q/k/v 3, attention output + its reshaped copy 2,
-MLP input 1, fc output 4, GELU output 4), 4 s*b*h of them replicated under tensor parallel, plus the fp32 logits
-and log-softmax of the loss. Step time is an estimate from stated assumptions (matmul efficiency, exposed
+MLP input 1, fc output 4, GELU output 4), 4 s*b*h of them replicated under tensor parallel (2 under sequence
+parallel), plus the fp32 logits and log-softmax of the loss. The peak adds the pipeline runtime's buffers, one
+backward temporary, and under recompute one block's activations rebuilt during its backward. Step time is an estimate from stated assumptions (matmul efficiency, exposed
 communication), reported as such.
 """
 
@@ -20,7 +21,7 @@ from llmtrain.parallel.layout import ParallelDims
 
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # Elements per s*b*h that one layer keeps for backward (see the module docstring); replicated part under TP.
-ACT_PER_LAYER, ACT_REPLICATED = 16, 4
+ACT_PER_LAYER, ACT_REPLICATED, ACT_LN_INPUTS = 16, 4, 2
 
 
 @dataclass
@@ -108,16 +109,19 @@ def stage_params(cfg) -> tuple[list[StagePlan], int, int]:
     return plans, total, total - tok - pos
 
 
-def activation_bytes_per_layer(cfg, micro_batch: int) -> float:
+def activation_bytes_per_layer(cfg, micro_batch: int, mode: str | None = None) -> float:
+    """Bytes one layer keeps for backward under recompute `mode` (default: the configured one)."""
     m, p = cfg.model, cfg.parallel
     sbh = m.seq_len * micro_batch * m.d_model
-    size = BYTES[cfg.precision.compute_dtype] if cfg.precision.compute_dtype != "float32" else 4
+    size = BYTES[cfg.precision.compute_dtype]
     t = p.tp
-    mode = cfg.recompute.mode
+    mode = mode or cfg.recompute.mode
     if mode == "full":
         kept = 1.0 / (t if p.sequence_parallel else 1)  # the block input only
     else:
-        replicated = ACT_REPLICATED / (t if p.sequence_parallel else 1)
+        # Sequence parallel shards the LayerNorm inputs; the column-parallel inputs are saved after DTensor's
+        # all-gather, at full sequence length (Megatron re-gathers them in backward instead).
+        replicated = (ACT_LN_INPUTS / t + ACT_REPLICATED - ACT_LN_INPUTS) if p.sequence_parallel else ACT_REPLICATED
         kept = replicated + (ACT_PER_LAYER - ACT_REPLICATED) / t
         if mode == "selective":
             kept -= 1.0 / t  # the attention output saved inside SDPA is recomputed
@@ -166,6 +170,36 @@ def loss_bytes(cfg, micro_batch: int) -> float:
     return head_input + 2 * 4 * micro_batch * m.seq_len * padded_vocab_size(m) / cfg.parallel.tp
 
 
+def pipeline_buffer_bytes(cfg, stage: int, n_stages: int, micro: int) -> float:
+    """torch.distributed.pipelining allocates a receive buffer per micro-batch for each stage's input (all but the
+    first stage) and for its output's gradient (all but the last), and the last stage keeps every micro-batch's
+    output (the logits) until the step ends; the current one is counted in loss_bytes."""
+    if cfg.parallel.pp == 1:
+        return 0.0
+    m, p = cfg.model, cfg.parallel
+    size = BYTES[cfg.precision.compute_dtype]
+    boundary = cfg.train.micro_batch_size * m.seq_len * m.d_model * size / (p.tp if p.sequence_parallel else 1)
+    out = micro * boundary * ((stage > 0) + (stage < n_stages - 1))
+    if stage == n_stages - 1:
+        out += (micro - 1) * cfg.train.micro_batch_size * m.seq_len * padded_vocab_size(m) / p.tp * size
+    return out
+
+
+def backward_temporary_bytes(cfg, micro_batch: int) -> float:
+    """The largest short-lived tensor of backward: the gradient of one layer's MLP hidden activation (s*b*4h/t)."""
+    m = cfg.model
+    return 4 * m.seq_len * micro_batch * m.d_model / cfg.parallel.tp * BYTES[cfg.precision.compute_dtype]
+
+
+def tp_collective_bytes(cfg, micro_batch: int) -> float:
+    """Tensor parallel's all-reduces are out-of-place functional collectives: while one is in flight its input and
+    output (s*b*h each) are both alive, and when the input is freed depends on when the result is awaited."""
+    m = cfg.model
+    if cfg.parallel.tp == 1:
+        return 0.0
+    return 2 * m.seq_len * micro_batch * m.d_model * BYTES[cfg.precision.compute_dtype]
+
+
 def comm_bytes(cfg, dims: ParallelDims, plan_stage: StagePlan, micro: int) -> dict:
     m, p = cfg.model, cfg.parallel
     mb = cfg.train.micro_batch_size
@@ -197,21 +231,35 @@ def build_plan(cfg, peak_flops: float, memory_bytes: float | None, hw: dict) -> 
     micro = t.global_batch_size // (t.micro_batch_size * dims.dp)
     stages, total, non_embedding = stage_params(cfg)
     per_layer = activation_bytes_per_layer(cfg, t.micro_batch_size)
+    full_layer = activation_bytes_per_layer(cfg, t.micro_batch_size, "none")
+    every = cfg.recompute.every
     notes = []
     ranks_stages = {r: pp_lib.stage_ids(r, p.pp, p.virtual_stages, p.pp_schedule) for r in range(p.pp)} \
         if p.pp > 1 else {0: [0]}
     for s in stages:
         owner = next(r for r, ids in ranks_stages.items() if s.stage in ids)
         s.in_flight = in_flight(cfg, owner, micro)
-        s.activation_bytes = per_layer * len(s.layers) * s.in_flight
+        # recompute.every=N recomputes only the blocks whose global index is a multiple of N.
+        recomputed = sum(1 for layer in s.layers if cfg.recompute.mode != "none" and layer % every == 0)
+        s.activation_bytes = (per_layer * recomputed + full_layer * (len(s.layers) - recomputed)) * s.in_flight
         if s.stage == len(stages) - 1:
             s.activation_bytes += loss_bytes(cfg, t.micro_batch_size)
         s.state_bytes = state_bytes(cfg, dims, s.params_per_rank)
-    # A rank's peak: the model state of all its stages plus their live activations.
+    # A rank's peak, at the start of the last micro-batch's backward: model state, live activations, the
+    # pipeline runtime's buffers and one backward temporary. Without accumulation no gradient exists yet then,
+    # and backward frees each layer's activations as it makes that layer's gradients: the larger of the two counts.
     rank_peaks = {}
     for r, ids in ranks_stages.items():
         held = [stages[i] for i in ids]
-        rank_peaks[r] = sum(sum(s.state_bytes.values()) + s.activation_bytes for s in held)
+        state = sum(s.state_bytes["params"] + s.state_bytes["optimizer"] + s.state_bytes["gathered_params"]
+                    for s in held)
+        grads = sum(s.state_bytes["grads"] for s in held)
+        acts = sum(s.activation_bytes + pipeline_buffer_bytes(cfg, s.stage, len(stages), micro) for s in held)
+        live = grads + acts if micro > 1 or p.pp > 1 else max(grads, acts)
+        # Backward of a recomputed block holds that block's activations again while it runs.
+        rework = full_layer - per_layer if cfg.recompute.mode != "none" else 0.0
+        rank_peaks[r] = (state + live + backward_temporary_bytes(cfg, t.micro_batch_size) + rework
+                         + tp_collective_bytes(cfg, t.micro_batch_size))
         for s in held:
             s.peak_bytes = rank_peaks[r]
     heaviest_rank = max(rank_peaks, key=rank_peaks.get)

@@ -23,6 +23,7 @@ from llmtrain.parallel.grad_norm import clip_grad_norm_
 from llmtrain.parallel.layout import ParallelDims
 from llmtrain.parallel.mesh import build_mesh
 from llmtrain.train.loss_scale import DynamicLossScaler
+from llmtrain.train.memory import PeakMemory, SavedActivations
 from llmtrain.train.metrics import MetricsWriter
 from llmtrain.train.preemption import Preempted, PreemptionFlag
 from llmtrain.train.optim import build_optimizer, lr_at, set_lr
@@ -48,38 +49,6 @@ def model_flops(cfg) -> tuple[float, float]:
     _, _, non_embedding = stage_params(cfg)
     peak = resolve(cfg.hardware, cfg.precision.compute_dtype, load_profile)["peak_tflops"] * 1e12
     return flops_per_token(cfg, non_embedding), peak
-
-
-class SavedActivations:
-    """Context manager: bytes of the distinct storages autograd saves for backward, parameters excluded."""
-
-    def __init__(self, params):
-        self.param_ptrs = {(p.to_local() if isinstance(p, DTensor) else p).untyped_storage().data_ptr()
-                           for p in params}
-        self.storages: dict[int, int] = {}
-        self._hooks = None
-
-    def _pack(self, t: torch.Tensor):
-        local = t.to_local() if isinstance(t, DTensor) else t
-        try:
-            storage = local.untyped_storage()
-        except (RuntimeError, NotImplementedError):
-            return t
-        if storage.data_ptr() not in self.param_ptrs:
-            self.storages[storage.data_ptr()] = storage.nbytes()
-        return t
-
-    @property
-    def total(self) -> int:
-        return sum(self.storages.values())
-
-    def __enter__(self):
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
-        self._hooks.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self._hooks.__exit__(*exc)
 
 
 class StepProfiler:
@@ -126,6 +95,7 @@ class Trainer:
         self.run_dir = run_dir
         self.device = device
         self.rank = dist.get_rank()
+        self.peak_memory = PeakMemory(device, cfg.profile.memory)
         self.dims = ParallelDims.from_config(cfg)
         self.mesh = build_mesh(self.dims, device.type)
         self.dp_group = self.mesh.dp.get_group()
@@ -369,8 +339,14 @@ class Trainer:
         while self.step < last:
             step_start = time.perf_counter()
             self.profiler.before_step(self.step + 1)
+            self.peak_memory.before_step(self.step + 1 - first_step)
             result = self.train_step()
+            self.peak_memory.after_step(self.step + 1 - first_step)
             self.profiler.after_step(self.step + 1)
+            if self.peak_memory.peak_bytes is not None and "peak" not in self.state_bytes:
+                self.state_bytes["peak"] = self.peak_memory.peak_bytes
+                self.log(f"llmtrain: peak tensor memory over the first {self.peak_memory.steps} steps: "
+                         f"{self.peak_memory.peak_bytes / 2**20:.1f} MiB on rank 0", flush=True)
             step_time = time.perf_counter() - step_start
             self.step += 1
             self.samples_seen += t.global_batch_size
@@ -409,6 +385,7 @@ class Trainer:
         if self.step > first_step and (self.cfg.checkpoint.at_end or self.step < t.max_steps):
             self.ckpt.save(self, asynchronous=False)
         self.ckpt.wait()
+        self.peak_memory.close()
         self.metrics.close()
         self.log(f"llmtrain: done, {self.step} steps, {self.tokens_seen:,} tokens in "
                  f"{time.perf_counter() - run_start:.1f} s", flush=True)

@@ -1,0 +1,110 @@
+"""Measured memory of one rank: the bytes autograd saves for backward, and the peak of live tensor bytes.
+
+The peak is what `llmtrain plan` predicts, so the planner can be checked against it. On CUDA it is the caching
+allocator's max_memory_allocated. On CPU no allocator keeps a peak, so with `profile.memory=true` the trainer
+records the CPU allocator's events through torch.profiler (profile_memory) from before the model is built to the
+end of the measured steps, and the peak is the highest running total of bytes allocated and not yet freed.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.tensor import DTensor
+
+WINDOW_EVENT = "llmtrain.memory.window"
+
+
+class SavedActivations:
+    """Context manager: bytes of the distinct storages autograd saves for backward, parameters excluded."""
+
+    def __init__(self, params):
+        self.param_ptrs = {(p.to_local() if isinstance(p, DTensor) else p).untyped_storage().data_ptr()
+                           for p in params}
+        self.storages: dict[int, int] = {}
+        self._hooks = None
+
+    def _pack(self, t: torch.Tensor):
+        local = t.to_local() if isinstance(t, DTensor) else t
+        try:
+            storage = local.untyped_storage()
+        except (RuntimeError, NotImplementedError):
+            return t
+        if storage.data_ptr() not in self.param_ptrs:
+            self.storages[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    @property
+    def total(self) -> int:
+        return sum(self.storages.values())
+
+    def __enter__(self):
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._hooks.__exit__(*exc)
+
+
+class PeakMemory:
+    """Peak live tensor bytes of this rank over training steps 1..steps (None until measured, or when off)."""
+
+    def __init__(self, device: torch.device, enabled: bool, steps: int = 2):
+        self.device = device
+        self.steps = steps
+        self.peak_bytes: int | None = None
+        self._prof = None
+        self._window = None
+        if device.type == "cpu" and enabled:
+            from torch.profiler import ProfilerActivity, profile
+
+            # Started before the model exists: every tensor of the run is allocated while it records.
+            self._prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+            self._prof.__enter__()
+
+    def before_step(self, step: int) -> None:
+        if step != 1:
+            return
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        elif self._prof is not None:
+            self._window = torch.profiler.record_function(WINDOW_EVENT)
+            self._window.__enter__()
+
+    def after_step(self, step: int) -> None:
+        if step != self.steps:
+            return
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            self.peak_bytes = torch.cuda.max_memory_allocated(self.device)
+        elif self._prof is not None:
+            self._window.__exit__(None, None, None)
+            self._prof.__exit__(None, None, None)
+            self.peak_bytes = cpu_peak(self._prof.profiler.kineto_results.events())
+            self._prof = None
+
+    def close(self) -> None:
+        """Stop recording if training ended before the measured steps did."""
+        if self._prof is not None:
+            if self._window is not None:
+                self._window.__exit__(None, None, None)
+            self._prof.__exit__(None, None, None)
+            self._prof = None
+
+
+def cpu_peak(events) -> int | None:
+    """The highest running total of allocated-minus-freed bytes inside the window event (kineto events: the
+    allocator's "[memory]" events carry signed byte counts)."""
+    window = next((e for e in events if e.name() == WINDOW_EVENT), None)
+    if window is None:
+        return None
+    start, end = window.start_ns(), window.start_ns() + window.duration_ns()
+    memory = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]" and e.device_type()
+                    == torch.autograd.DeviceType.CPU)
+    live, peak = 0, 0
+    for t, delta in memory:
+        live += delta
+        if start <= t <= end:
+            peak = max(peak, live)
+    return peak
