@@ -25,15 +25,15 @@ LAYOUTS = {
     "dp2 zero=3": ["cluster.nproc_per_node=2", "parallel.zero=3"],
     "dp2 zero=2": ["cluster.nproc_per_node=2", "parallel.zero=2"],
     "tp2": ["cluster.nproc_per_node=2", "parallel.tp=2"],
+    "tp2 +sp": ["cluster.nproc_per_node=2", "parallel.tp=2", "parallel.sequence_parallel=true"],
     "recompute=full": ["cluster.nproc_per_node=1", "recompute=full"],
     "pp2 1f1b": ["cluster.nproc_per_node=2", "parallel.pp=2", "train.global_batch_size=8"],
 }
-# Printed, not held to 10%: under tensor parallel the measured peak moves by up to ~10 MiB between identical runs
-# (when a collective's buffers are freed depends on timing), which at these sizes is 10-20% of a small peak; and
-# with sequence parallel the peak is above the plan (its saved activations match) by more than that.
-UNMODELLED = {
+# Printed, not held to 10%: their peaks are small (~55 MiB) and have landed within 10% but up to 9% off, and a run's
+# measured peak can read a few MiB high (a free on a collective's thread goes unrecorded unless its address is
+# reused), which would make a test of them flaky.
+NEAR_EDGE = {
     "tp2 recompute=full": ["cluster.nproc_per_node=2", "parallel.tp=2", "recompute=full"],
-    "tp2 +sp": ["cluster.nproc_per_node=2", "parallel.tp=2", "parallel.sequence_parallel=true"],
     "tp2 +sp, recompute=full": ["cluster.nproc_per_node=2", "parallel.tp=2", "parallel.sequence_parallel=true",
                                 "recompute=full"],
 }
@@ -79,7 +79,7 @@ def main() -> None:
     workdir = args.workdir or tempfile.mkdtemp(prefix="llmtrain-plan-bench-")
     print("GPT 4 x 256, seq 512, micro-batch 4, fp32; MiB per rank (predicted / measured / error); peak: steps 1-2")
     print(f"{'layout':<26}{'rank':>5}{'state':>30}{'activations (1 micro-batch)':>36}{'peak':>30}")
-    for name, overrides in [*LAYOUTS.items(), *((f"{k} (*)", v) for k, v in UNMODELLED.items())]:
+    for name, overrides in [*LAYOUTS.items(), *((f"{k} (*)", v) for k, v in NEAR_EDGE.items())]:
         for r in compare(name, overrides, workdir):
             state = (f"{r['state_pred'] / 2**20:8.2f} / {r['state_meas'] / 2**20:8.2f} / "
                      f"{r['state_pred'] / r['state_meas'] - 1:+6.1%}")
@@ -88,7 +88,7 @@ def main() -> None:
             peak = (f"{r['peak_pred'] / 2**20:8.1f} / {r['peak_meas'] / 2**20:8.1f} / "
                     f"{r['peak_pred'] / r['peak_meas'] - 1:+6.1%}")
             print(f"{name:<26}{r['rank']:>5}{state:>30}{act:>36}{peak:>30}", flush=True)
-    print("(*) not modelled to 10% yet: see UNMODELLED in this script")
+    print("(*) not held to 10% by the test: see NEAR_EDGE in this script")
 
 
 if __name__ == "__main__":

@@ -29,3 +29,21 @@ def test_off_on_cpu_measures_nothing():
     probe.before_step(1)
     probe.after_step(1)
     assert probe.peak_bytes is None
+
+
+def test_an_address_handed_out_again_counts_as_the_unrecorded_free():
+    from types import SimpleNamespace as NS
+
+    from torch._C._profiler import _EventType
+
+    from llmtrain.train.memory import WINDOW_EVENT, cpu_peak
+
+    def alloc(t, ptr, size):
+        return NS(name="[memory]", tag=_EventType.Allocation, start_time_ns=t, children=[],
+                  extra_fields=NS(ptr=ptr, alloc_size=size, device=torch.device("cpu")))
+
+    window = NS(name=WINDOW_EVENT, tag=_EventType.TorchOp, start_time_ns=0, end_time_ns=100, children=[])
+    # 0x10 is freed on another thread (no event) and reused: live is 4 + 4, not 4 + 4 + 4.
+    events = [window, alloc(1, 0x10, 4), alloc(2, 0x20, 4), alloc(3, 0x10, 4), alloc(4, 0x20, -4)]
+    result = NS(experimental_event_tree=lambda: events)
+    assert cpu_peak(result) == 8

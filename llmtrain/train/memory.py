@@ -81,7 +81,7 @@ class PeakMemory:
         elif self._prof is not None:
             self._window.__exit__(None, None, None)
             self._prof.__exit__(None, None, None)
-            self.peak_bytes = cpu_peak(self._prof.profiler.kineto_results.events())
+            self.peak_bytes = cpu_peak(self._prof.profiler.kineto_results)
             self._prof = None
 
     def close(self) -> None:
@@ -93,18 +93,34 @@ class PeakMemory:
             self._prof = None
 
 
-def cpu_peak(events) -> int | None:
-    """The highest running total of allocated-minus-freed bytes inside the window event (kineto events: the
-    allocator's "[memory]" events carry signed byte counts)."""
-    window = next((e for e in events if e.name() == WINDOW_EVENT), None)
+def cpu_peak(result) -> int | None:
+    """The highest total of live CPU allocation bytes inside the window event.
+
+    The profiler records allocator events only on the threads it profiles, so a tensor whose last reference dies
+    on another thread (a collective's worker thread) is freed without an event. The allocator hands such an
+    address out again later: a new allocation at an address still held counts as that block's free.
+    """
+    from torch._C._profiler import _EventType
+
+    events, stack = [], list(result.experimental_event_tree())
+    while stack:
+        e = stack.pop()
+        events.append(e)
+        stack.extend(e.children)
+    window = next((e for e in events if e.name == WINDOW_EVENT), None)
     if window is None:
         return None
-    start, end = window.start_ns(), window.start_ns() + window.duration_ns()
-    memory = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]" and e.device_type()
-                    == torch.autograd.DeviceType.CPU)
-    live, peak = 0, 0
-    for t, delta in memory:
-        live += delta
+    start, end = window.start_time_ns, window.end_time_ns
+    allocations = sorted((e.start_time_ns, e.extra_fields.ptr, e.extra_fields.alloc_size) for e in events
+                         if e.tag == _EventType.Allocation and e.extra_fields.device.type == "cpu")
+    live: dict[int, int] = {}
+    total, peak = 0, 0
+    for t, ptr, size in allocations:
+        if size > 0:
+            total += size - live.get(ptr, 0)
+            live[ptr] = size
+        else:
+            total -= live.pop(ptr, 0)
         if start <= t <= end:
-            peak = max(peak, live)
+            peak = max(peak, total)
     return peak
