@@ -69,3 +69,18 @@ def test_report_names_rank_host_and_signal(tmp_path):
     console = Console(record=True, width=200)
     report_failure(console, str(tmp_path), _summary(1, -9, "node2"), 1, node=1)
     assert "rank 1 (node 1, local rank 0) failed (signal 9)" in console.export_text()
+
+
+def test_among_silent_deaths_the_earliest_and_not_the_launchers_sigterm_comes_first(tmp_path):
+    (tmp_path / "logs").mkdir()
+
+    def entry(rank, code, time):
+        return f"[x]:\n  time      : {time}\n  host      : h\n  rank      : {rank} (local_rank: {rank})\n" \
+               f"  exitcode  : {code} (pid: 1)\n"
+
+    # srun stopped rank 0 (SIGTERM) in the same second rank 2 was killed by SIGKILL.
+    same_second = entry(0, -15, "2026-11-29_10:00:05") + entry(2, -9, "2026-11-29_10:00:05")
+    assert failed_ranks(str(tmp_path), same_second)[0] == 2
+    # An earlier death comes first, whatever its signal.
+    earlier = entry(0, -15, "2026-11-29_10:00:04") + entry(2, -9, "2026-11-29_10:00:05")
+    assert failed_ranks(str(tmp_path), earlier)[0] == 0

@@ -141,3 +141,27 @@ def test_doctor_across_both_nodes(cluster, hostfile, tmp_path):  # noqa: F811
     assert result.returncode == 0, result.stdout[-3000:]
     assert "node1" in result.stdout and "node2" in result.stdout and "busbw" in result.stdout
     assert "all ranks agree" in result.stdout
+
+
+def test_slurm_killed_rank_is_named_from_the_job_log(cluster, tmp_path):  # noqa: F811
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "llmtrain", "launch", f"run.dir={run_dir}", *COMMON,
+                             "train.max_steps=100000", "cluster=slurm", "cluster.gpus_per_node=0", "cluster.time=null",
+                             "cluster.follow=true", "cluster.requeue=false"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, **cluster.env})
+    try:
+        assert wait_for(lambda: read_rows(run_dir), timeout=180), "training never started"
+        workers = [p for p in node_processes(run_dir) if "llmtrain.worker" in p.cmdline()
+                   and "torch.distributed.run" not in p.cmdline()]
+        assert len(workers) == 2
+        next(p for p in workers if p.environ().get("RANK") == "1").send_signal(signal.SIGKILL)
+        out, _ = proc.communicate(timeout=180)
+    finally:
+        proc.kill()
+        for log in (run_dir / "logs").glob("slurm-*.out"):
+            subprocess.run(["scancel", log.name[6:-4]], env={**os.environ, **cluster.env}, capture_output=True)
+    assert proc.returncode not in (0, None)
+    # Rank 0 only lost its peer and recorded an error; the rank killed by the signal is the one named.
+    assert re.search(r"rank 1 \(host \S+, local rank 0\) failed \(signal 9\)", out), out[-3000:]
+    assert wait_for(lambda: not node_processes(run_dir), timeout=60), node_processes(run_dir)

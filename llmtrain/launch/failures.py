@@ -14,9 +14,10 @@ from dataclasses import dataclass
 
 from rich.console import Console
 
-# One entry of torchrun's "Failures:" / "Root Cause" summary (host and local_rank are optional).
-_FAILURE = re.compile(r"(?:host\s*:\s*(\S+)\s*\n\s*)?rank\s*:\s*(\d+)(?:\s*\(local_rank:\s*(\d+)\))?[^\n]*\n"
-                      r"\s*exitcode\s*:\s*(-?\d+)")
+# One entry of torchrun's "Failures:" / "Root Cause" summary (time, host and local_rank are optional).
+_FAILURE = re.compile(r"(?:time\s*:\s*(\S+)\s*\n\s*)?(?:host\s*:\s*(\S+)\s*\n\s*)?"
+                      r"rank\s*:\s*(\d+)(?:\s*\(local_rank:\s*(\d+)\))?[^\n]*\n\s*exitcode\s*:\s*(-?\d+)")
+SIGTERM = 15  # what launchers (srun, torchrun, ours) send to stop the survivors
 SSH_ERROR = 255  # ssh's own failure: the connection or the host went away
 
 
@@ -26,12 +27,18 @@ class RankFailure:
     code: int  # negative: killed by that signal
     local_rank: int | None = None
     host: str | None = None
+    time: str = ""  # torchrun's YYYY-MM-DD_HH:MM:SS
+
+
+def _death_order(f: RankFailure) -> tuple:
+    """Silent deaths, earliest first; in the same second, a SIGTERM (a launcher stopping survivors) last."""
+    return f.time, f.code == -SIGTERM, f.rank
 
 
 def agent_failures(agent_output: str) -> dict[int, RankFailure]:
     """rank -> its failure, for every failure in torchrun's summary."""
-    return {int(rank): RankFailure(int(rank), int(code), None if local is None else int(local), host)
-            for host, rank, local, code in _FAILURE.findall(agent_output)}
+    return {int(rank): RankFailure(int(rank), int(code), int(local) if local else None, host or None, time)
+            for time, host, rank, local, code in _FAILURE.findall(agent_output)}
 
 
 def rank_statuses(run_dir: str) -> dict[int, dict]:
@@ -60,9 +67,9 @@ def failed_ranks(run_dir: str, agent_output: str) -> list[int]:
     failures = agent_failures(agent_output)
     statuses = rank_statuses(run_dir)
     root = agent_output.split("Root Cause", 1)
-    root_rank = [int(m[1]) for m in _FAILURE.findall(root[1])[:1]] if len(root) == 2 else []
+    root_rank = [int(m[2]) for m in _FAILURE.findall(root[1])[:1]] if len(root) == 2 else []
     errored = sorted(r for r, st in statuses.items() if st.get("status") == "error")
-    silent = sorted(r for r, f in failures.items() if _silent(f, statuses))
+    silent = [f.rank for f in sorted(failures.values(), key=_death_order) if _silent(f, statuses)]
     ordered: list[int] = []
     for r in silent + root_rank + sorted(failures) + errored:
         if r not in ordered:

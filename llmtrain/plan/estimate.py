@@ -7,8 +7,9 @@ what this trainer keeps: fused attention (SDPA) stores no seq x seq matrix and t
 layer keeps 17 s*b*h elements (LN inputs 2, q/k/v input 1, q/k/v 3, attention output + its reshaped copy 2,
 MLP input 1, fc output 4, GELU output 4), 4 s*b*h of them replicated under tensor parallel (2 under sequence
 parallel), plus the fp32 logits and log-softmax of the loss. The peak adds the pipeline runtime's buffers, one
-backward temporary, and under recompute one block's activations rebuilt during its backward. Step time is an estimate from stated assumptions (matmul efficiency, exposed
-communication), reported as such.
+backward temporary, under recompute one block's activations rebuilt during its backward, and under TP one
+all-reduce in flight. Step time is an estimate from stated assumptions (matmul efficiency, exposed communication),
+reported as such.
 """
 
 from __future__ import annotations
