@@ -64,8 +64,10 @@ def _silent(failure: RankFailure, statuses: dict[int, dict]) -> bool:
 
 def failed_ranks(run_dir: str, agent_output: str) -> list[int]:
     """Failed ranks, the likely culprit first: silent deaths, then torchrun's root cause, then the rest."""
-    failures = agent_failures(agent_output)
-    statuses = rank_statuses(run_dir)
+    return _ordered(agent_failures(agent_output), rank_statuses(run_dir), agent_output)
+
+
+def _ordered(failures: dict[int, RankFailure], statuses: dict[int, dict], agent_output: str) -> list[int]:
     root = agent_output.split("Root Cause", 1)
     root_rank = [int(m[2]) for m in _FAILURE.findall(root[1])[:1]] if len(root) == 2 else []
     errored = sorted(r for r, st in statuses.items() if st.get("status") == "error")
@@ -80,10 +82,9 @@ def failed_ranks(run_dir: str, agent_output: str) -> list[int]:
 def culprit_node(run_dir: str, outputs: list[str], exit_codes: list[int | None], failure_order: list[int]) -> int:
     """Of several nodes' agents (outputs and exit codes by node index), the one whose failure came first in
     cause: a node with a silent rank death, or whose ssh connection broke, before nodes whose ranks only errored;
-    among equals, the one that failed first (failure_order)."""
+    among equals, the one that failed first (failure_order lists every failed node, first failure first)."""
     statuses = rank_statuses(run_dir)
     failed = [n for n in failure_order if exit_codes[n] not in (None, 0)]
-    failed += [n for n, c in enumerate(exit_codes) if c not in (None, 0) and n not in failed]
 
     def tier(node: int) -> int:
         failures = agent_failures(outputs[node])
@@ -106,14 +107,15 @@ def report_failure(console: Console, run_dir: str, agent_output: str, exit_code:
                    node: int | None = None) -> None:
     """Name the culprit rank (and its node: `node` when the caller knows it, else the host torchrun reported)
     and print the tail of its log."""
-    ranks = failed_ranks(run_dir, agent_output)
+    failures, statuses = agent_failures(agent_output), rank_statuses(run_dir)
+    ranks = _ordered(failures, statuses, agent_output)
     if not ranks:
         console.print(f"[bold red]llmtrain: the job failed with exit code {exit_code}[/] (no rank reported an "
                       f"error; see {os.path.join(run_dir, 'logs')})")
         return
     rank = ranks[0]
-    failure = agent_failures(agent_output).get(rank)
-    status = rank_statuses(run_dir).get(rank, {})
+    failure = failures.get(rank)
+    status = statuses.get(rank, {})
     if failure is None:
         how = f"job exit code {exit_code}"
     else:

@@ -249,6 +249,10 @@ def build_plan(cfg, peak_flops: float, memory_bytes: float | None, hw: dict) -> 
     # A rank's peak, at the start of the last micro-batch's backward: model state, live activations, the
     # pipeline runtime's buffers and one backward temporary. Without accumulation no gradient exists yet then,
     # and backward frees each layer's activations as it makes that layer's gradients: the larger of the two counts.
+    # Backward of a recomputed block holds that block's activations again while it runs.
+    rework = full_layer - per_layer if cfg.recompute.mode != "none" else 0.0
+    transient = (backward_temporary_bytes(cfg, t.micro_batch_size) + rework
+                 + tp_collective_bytes(cfg, t.micro_batch_size))
     rank_peaks = {}
     for r, ids in ranks_stages.items():
         held = [stages[i] for i in ids]
@@ -256,11 +260,8 @@ def build_plan(cfg, peak_flops: float, memory_bytes: float | None, hw: dict) -> 
                     for s in held)
         grads = sum(s.state_bytes["grads"] for s in held)
         acts = sum(s.activation_bytes + pipeline_buffer_bytes(cfg, s.stage, len(stages), micro) for s in held)
-        live = grads + acts if micro > 1 or p.pp > 1 else max(grads, acts)
-        # Backward of a recomputed block holds that block's activations again while it runs.
-        rework = full_layer - per_layer if cfg.recompute.mode != "none" else 0.0
-        rank_peaks[r] = (state + live + backward_temporary_bytes(cfg, t.micro_batch_size) + rework
-                         + tp_collective_bytes(cfg, t.micro_batch_size))
+        live = grads + acts if micro > 1 else max(grads, acts)  # a pipeline always has micro > 1
+        rank_peaks[r] = state + live + transient
         for s in held:
             s.peak_bytes = rank_peaks[r]
     heaviest_rank = max(rank_peaks, key=rank_peaks.get)

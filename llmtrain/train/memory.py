@@ -72,9 +72,10 @@ class PeakMemory:
             self._window = torch.profiler.record_function(WINDOW_EVENT)
             self._window.__enter__()
 
-    def after_step(self, step: int) -> None:
+    def after_step(self, step: int) -> int | None:
+        """The peak, returned once: after the last measured step (None at every other step or when off)."""
         if step != self.steps:
-            return
+            return None
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             self.peak_bytes = torch.cuda.max_memory_allocated(self.device)
@@ -83,6 +84,7 @@ class PeakMemory:
             self._prof.__exit__(None, None, None)
             self.peak_bytes = cpu_peak(self._prof.profiler.kineto_results)
             self._prof = None
+        return self.peak_bytes
 
     def close(self) -> None:
         """Stop recording if training ended before the measured steps did."""

@@ -341,12 +341,12 @@ class Trainer:
             self.profiler.before_step(self.step + 1)
             self.peak_memory.before_step(self.step + 1 - first_step)
             result = self.train_step()
-            self.peak_memory.after_step(self.step + 1 - first_step)
+            peak = self.peak_memory.after_step(self.step + 1 - first_step)
             self.profiler.after_step(self.step + 1)
-            if self.peak_memory.peak_bytes is not None and "peak" not in self.state_bytes:
-                self.state_bytes["peak"] = self.peak_memory.peak_bytes
+            if peak is not None:
+                self.state_bytes["peak"] = peak
                 self.log(f"llmtrain: peak tensor memory over the first {self.peak_memory.steps} steps: "
-                         f"{self.peak_memory.peak_bytes / 2**20:.1f} MiB on rank 0", flush=True)
+                         f"{peak / 2**20:.1f} MiB on rank 0", flush=True)
             step_time = time.perf_counter() - step_start
             self.step += 1
             self.samples_seen += t.global_batch_size
