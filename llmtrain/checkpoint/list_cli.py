@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from rich.console import Console
-from rich.table import Table
-
 from llmtrain.checkpoint import store
+from llmtrain.console import fold_table, get_console
 
 
 def add_list_arguments(parser: argparse.ArgumentParser) -> None:
@@ -20,7 +18,7 @@ def run_list(args) -> int:
     if not os.path.isdir(args.run_dir):
         raise store.CheckpointError("RUN_DIR", f"no such run directory: {args.run_dir}")
     infos = store.list_checkpoints(args.run_dir)
-    table = Table(title=f"checkpoints of {args.run_dir}", title_justify="left")
+    table = fold_table(f"checkpoints of {args.run_dir}")
     for col in ("step", "state", "size", "layout", "path"):
         table.add_column(col, justify="right" if col in ("step", "size") else "left")
     for info in infos:
@@ -28,5 +26,5 @@ def run_list(args) -> int:
         shown = " ".join(f"{k}={layout[k]}" for k in ("dp", "tp", "pp", "zero", "world_size") if k in layout)
         table.add_row(str(info.step), "complete" if info.complete else "incomplete (ignored)",
                       f"{info.size_bytes / 2**20:.1f} MiB", shown or "-", info.path)
-    Console().print(table if infos else f"no checkpoints in {store.checkpoints_dir(args.run_dir)}")
+    get_console().print(table if infos else f"no checkpoints in {store.checkpoints_dir(args.run_dir)}")
     return 0

@@ -7,10 +7,10 @@ import json
 
 from omegaconf import OmegaConf
 from rich.console import Console
-from rich.table import Table
 
 from llmtrain.config import ConfigError, builtin_config_dir, validate
 from llmtrain.config.schema import HardwareConfig
+from llmtrain.console import fold_table, get_console
 from llmtrain.plan import hardware
 from llmtrain.plan.estimate import build_plan
 
@@ -41,7 +41,7 @@ def _gib(x: float) -> str:
 
 def render(plan, console: Console) -> None:
     d = plan.dims
-    summary = Table(title="plan", title_justify="left", show_header=False)
+    summary = fold_table("plan", show_header=False)
     summary.add_column(style="bold")
     summary.add_column()
     rows = [
@@ -66,7 +66,7 @@ def render(plan, console: Console) -> None:
     for k, v in rows:
         summary.add_row(k, v)
     console.print(summary)
-    stages = Table(title="per stage (GiB per rank)", title_justify="left")
+    stages = fold_table("per stage (GiB per rank)")
     for col in ("stage", "layers", "params", "params/rank", "weights", "grads", "optimizer", "gathered",
                 "activations", "in flight", "rank peak"):
         stages.add_column(col, justify="right")
@@ -116,9 +116,8 @@ def suggest(cfg, n_gpus: int, gib: float, console: Console, as_json: bool) -> in
     if as_json:
         print(json.dumps([p.to_dict() for p in fitting[:20]], indent=1, default=str))
         return 0 if fitting else 1
-    table = Table(title=f"layouts that fit {n_gpus} devices of {gib:g} GiB (global batch "
-                        f"{cfg.train.global_batch_size}, micro batch {cfg.train.micro_batch_size}), fastest first",
-                  title_justify="left")
+    table = fold_table(f"layouts that fit {n_gpus} devices of {gib:g} GiB (global batch "
+                       f"{cfg.train.global_batch_size}, micro batch {cfg.train.micro_batch_size}), fastest first")
     for col in ("tp", "pp", "dp", "zero", "recompute", "peak GiB", "est. tokens/s", "est. MFU"):
         table.add_column(col, justify="right")
     for p in fitting[:15]:
@@ -131,7 +130,7 @@ def suggest(cfg, n_gpus: int, gib: float, console: Console, as_json: bool) -> in
 
 
 def run_plan(cfg, args) -> int:
-    console = Console()
+    console = get_console()
     if args.suggest:
         n, gib = args.suggest
         return suggest(cfg, int(n), gib, console, args.json)

@@ -6,10 +6,8 @@ from __future__ import annotations
 import argparse
 import os
 
-from rich.console import Console
-from rich.table import Table
-
 from llmtrain.config.errors import ConfigError
+from llmtrain.console import fold_table, get_console
 from llmtrain.train.metrics import read_metrics
 
 
@@ -66,10 +64,10 @@ def run_compare(args) -> int:
     a, b = losses(args.run_a), losses(args.run_b)
     names = (os.path.basename(os.path.normpath(args.run_a)), os.path.basename(os.path.normpath(args.run_b)))
     common, worst, worst_diff = divergence(a, b)
-    console = Console()
+    console = get_console()
     if not common:
         raise ConfigError(args.run_b, f"no logged step in common with {args.run_a}")
-    table = Table(title=f"train loss: {names[0]} vs {names[1]}", title_justify="left")
+    table = fold_table(f"train loss: {names[0]} vs {names[1]}")
     for col in ("step", names[0], names[1], "diff"):
         table.add_column(col, justify="right")
     stride = max(1, len(common) // max(1, args.rows))

@@ -7,10 +7,8 @@ import argparse
 import os
 import statistics
 
-from rich.console import Console
-from rich.table import Table
-
 from llmtrain.config.errors import ConfigError
+from llmtrain.console import fold_table, get_console
 from llmtrain.train.metrics import read_metrics
 
 
@@ -253,8 +251,8 @@ def run_report(args) -> int:
     os.makedirs(out_dir, exist_ok=True)
     paths = plot_all(rows, out_dir, title)
 
-    console = Console()
-    table = Table(title=f"run report: {run_dir}", title_justify="left", show_header=False)
+    console = get_console()
+    table = fold_table(f"run report: {run_dir}", show_header=False)
     table.add_column("", style="bold")
     table.add_column("", justify="right")
     for label, value in summary:
