@@ -32,7 +32,8 @@ def test_readme_override_examples_resolve(tmp_path):
         "name: my-gpt\nn_layers: 2\nn_heads: 2\nd_model: 32\nvocab_size: 256\nseq_len: 32\n")
     (tmp_path / "hosts.txt").write_text("node1 slots=8\nnode2 slots=8\n")
     (tmp_path / "docs").mkdir()
-    (tmp_path / "docs" / "a.txt").write_text("hello llmtrain\n" * 200)
+    # Enough tokens for one validation sequence of gpt-125m (2049 tokens in the last 5%).
+    (tmp_path / "docs" / "a.txt").write_text("hello llmtrain\n" * 3000)
     prepared = run_cli(["data", "prepare", "--input", "docs", "--output", "data/train.bin"], cwd=tmp_path)
     assert prepared.returncode == 0, prepared.stderr
     commands = readme_commands("llmtrain launch ")

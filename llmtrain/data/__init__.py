@@ -4,13 +4,17 @@
 - `get_batch(...)` / `SampleStream` map (step, micro_step, dp_rank) to a batch; the global order
   depends only on the seed and global batch size, so a run can resume under another DP layout.
 - `prepare_corpus(...)` writes nanoGPT-style token files plus a `FILE.json` meta sidecar.
+- `check_token_file(...)` checks a token file against the run (vocab, dtype, sizes) from its size
+  and meta alone, without torch: the launcher's config validation calls it, and the workers'
+  datasets run the same checks from llmtrain.data.tokenfile.
 """
 
 import importlib
 
 # Loaded on first use: the CLI needs DataError and the prepare arguments without paying for `import torch`.
 _HOME = {
-    "ensure_stdlib_corpus": "corpus", "prepare_corpus": "corpus", "read_token_meta": "corpus",
+    "ensure_stdlib_corpus": "corpus", "prepare_corpus": "corpus", "read_token_meta": "tokenfile",
+    "check_token_file": "tokenfile", "inspect_token_file": "tokenfile",
     "MemmapDataset": "datasets", "SyntheticDataset": "datasets", "TokenDataset": "datasets",
     "build_dataset": "datasets", "DataError": "errors", "SampleStream": "sampling", "batch_indices": "sampling",
     "get_batch": "sampling",
@@ -31,8 +35,10 @@ __all__ = [
     "TokenDataset",
     "batch_indices",
     "build_dataset",
+    "check_token_file",
     "ensure_stdlib_corpus",
     "get_batch",
+    "inspect_token_file",
     "prepare_corpus",
     "read_token_meta",
 ]

@@ -12,9 +12,17 @@ import sys
 import torch
 from omegaconf.errors import MissingMandatoryValue
 
-from .corpus import ensure_stdlib_corpus, read_token_meta
+from .corpus import ensure_stdlib_corpus
 from .errors import DataError
 from .seeding import stable_digest
+from .tokenfile import (
+    check_split_sizes,
+    check_val_size,
+    check_vocab,
+    inspect_token_file,
+    num_windows,
+    split_sizes,
+)
 
 SPLITS = ("train", "val")
 TOKEN_DTYPES = {"uint16": torch.uint16, "uint32": torch.uint32}
@@ -97,6 +105,8 @@ class MemmapDataset(TokenDataset):
     `vocab_size` is what the data's meta says (None if unknown). `token_limit`, when given,
     makes every sample check its ids against it, so a file without meta that does not fit the
     model fails with a DataError instead of an index error (a device-side assert on GPU).
+    With `require_val=False` a val region too small for one sample is accepted until a val
+    sample is asked for (a run without evaluation never asks).
     """
 
     def __init__(
@@ -107,6 +117,7 @@ class MemmapDataset(TokenDataset):
         val_fraction: float,
         vocab_size: int | None = None,
         token_limit: int | None = None,
+        require_val: bool = True,
     ):
         if dtype not in TOKEN_DTYPES:
             raise DataError("data.dtype", f"must be one of {', '.join(TOKEN_DTYPES)}, got {dtype!r}")
@@ -116,42 +127,28 @@ class MemmapDataset(TokenDataset):
             raise DataError("model.seq_len", f"must be >= 1, got {seq_len}")
         if sys.byteorder != "little":
             raise DataError("data.path", "token files are little-endian; this host is big-endian")
-        path = os.path.abspath(os.path.expanduser(os.fspath(path)))
-        _require_file(path)
+        info = inspect_token_file(path, dtype)
+        # Without require_val the val region may hold no sample: reading one then raises (see num_samples).
+        check_split_sizes(info.path, info.num_tokens, seq_len, val_fraction, need_val=require_val)
+        train_tokens, val_tokens = split_sizes(info.num_tokens, val_fraction)
 
-        torch_dtype = TOKEN_DTYPES[dtype]
-        itemsize = torch_dtype.itemsize
-        nbytes = os.path.getsize(path)
-        if nbytes % itemsize:
-            raise DataError(
-                "data.path",
-                f"{path} has {nbytes} bytes, not a multiple of {itemsize} ({dtype}); is data.dtype right?",
-            )
-        num_tokens = nbytes // itemsize
-        val_tokens = int(num_tokens * val_fraction)
-        train_tokens = num_tokens - val_tokens
-        window = seq_len + 1
-        if train_tokens < window or val_tokens < window:
-            raise DataError(
-                "data.path",
-                f"{path} has {num_tokens} tokens ({train_tokens} train, {val_tokens} val at "
-                f"data.val_fraction={val_fraction}); each region needs at least seq_len+1 = {window}",
-            )
-
-        self.path = path
+        self.path = info.path
         self.dtype = dtype
         self.seq_len = int(seq_len)
+        self.val_fraction = float(val_fraction)
         self.vocab_size = vocab_size
         self.token_limit = token_limit
-        self.num_tokens = num_tokens
+        self.num_tokens = info.num_tokens
         self._region_start = {"train": 0, "val": train_tokens}
         # Window k covers [k*seq_len, k*seq_len + seq_len + 1) inside its region.
-        self._num_windows = {"train": (train_tokens - 1) // seq_len, "val": (val_tokens - 1) // seq_len}
+        self._num_windows = {"train": num_windows(train_tokens, seq_len), "val": num_windows(val_tokens, seq_len)}
         # shared=False maps the file copy-on-write: lazy, read-only in effect, never written back.
-        self._tokens = torch.from_file(path, shared=False, size=num_tokens, dtype=torch_dtype)
+        self._tokens = torch.from_file(self.path, shared=False, size=info.num_tokens, dtype=TOKEN_DTYPES[dtype])
 
     def num_samples(self, split: str) -> int:
         _check_split(split)
+        if split == "val" and not self._num_windows["val"]:
+            check_val_size(self.path, self.num_tokens, self.seq_len, self.val_fraction)
         return self._num_windows[split]
 
     def sample(self, split: str, index: int) -> torch.Tensor:
@@ -176,7 +173,11 @@ class MemmapDataset(TokenDataset):
 
 
 def build_dataset(data_cfg, model_cfg, seed: int) -> TokenDataset:
-    """The dataset named by data_cfg.name, checked against the model's seq_len and vocab_size."""
+    """The dataset named by data_cfg.name, checked against the model's seq_len and vocab_size.
+
+    The launcher runs the same checks (llmtrain.data.tokenfile) before any worker starts; these
+    are the second line of defence. The val region is only required when a val sample is read.
+    """
     name = _cfg(data_cfg, "name")
     seq_len = int(model_cfg.seq_len)
     model_vocab = int(model_cfg.vocab_size)
@@ -190,32 +191,19 @@ def build_dataset(data_cfg, model_cfg, seed: int) -> TokenDataset:
         path = _cfg(data_cfg, "path")
         if not path:
             raise DataError("data.path", "required with data.name=memmap (a token file from `llmtrain data prepare`)")
-        path = os.path.abspath(os.path.expanduser(str(path)))
-        _require_file(path)
     else:
         raise DataError("data.name", f"unknown dataset {name!r}; choose one of {', '.join(DATASET_NAMES)}")
 
-    meta = read_token_meta(path)
-    meta_dtype = meta.get("dtype") if meta else None
-    dtype = _cfg(data_cfg, "dtype")
-    if dtype is None:
-        dtype = meta_dtype or "uint16"
-    elif meta_dtype is not None and dtype != meta_dtype:
-        raise DataError("data.dtype", f"is {dtype} but {path}.json says {meta_dtype}; set data.dtype=null")
-
-    data_vocab = int(meta["vocab_size"]) if meta and meta.get("vocab_size") is not None else None
-    if data_vocab is not None and data_vocab > model_vocab:
-        raise DataError(
-            "model.vocab_size",
-            f"is {model_vocab} but {path} has vocab_size {data_vocab}; set model.vocab_size>={data_vocab}",
-        )
+    info = inspect_token_file(str(path), _cfg(data_cfg, "dtype"))
+    check_vocab(info, model_vocab)
     return MemmapDataset(
-        path,
-        dtype,
+        info.path,
+        info.dtype,
         seq_len,
         float(_cfg(data_cfg, "val_fraction", 0.05)),
-        vocab_size=data_vocab,
-        token_limit=None if data_vocab is not None else model_vocab,
+        vocab_size=info.vocab_size,
+        token_limit=None if info.vocab_size is not None else model_vocab,
+        require_val=False,
     )
 
 
@@ -223,11 +211,6 @@ def default_stdlib_path() -> str:
     """Same default as configs/data/stdlib.yaml: $LLMTRAIN_CACHE or ~/.cache/llmtrain."""
     cache = os.environ.get("LLMTRAIN_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "llmtrain")
     return os.path.join(cache, "stdlib-bytes.bin")
-
-
-def _require_file(path: str) -> None:
-    if not os.path.isfile(path):
-        raise DataError("data.path", f"no such file: {path}")
 
 
 def _cfg(cfg, key: str, default=None):
