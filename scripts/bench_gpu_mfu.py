@@ -10,11 +10,12 @@ hardware=auto ...` with log_interval=1, no eval and no checkpoint, then reads RU
   (H100/H200: 989 TFLOPS), or --peak-tflops;
 - the median of the trainer's own `mfu` field too, when metrics.jsonl has one (they should agree).
 
-Memory at the default micro batch 4 x seq 2048 (2 micro-batches per step, 16k tokens): gpt-1.3b has 1.52B
-parameters (24 x 128-dim heads), so ~24 GB of fp32 weights, grads and AdamW state (16 bytes/param) + ~14 GB of
-activations and fp32 logits (`llmtrain plan` with these overrides: 37.7 GiB): fits an 80 GB H100 without
-recompute; raise --micro (or add --recompute selective) on a 141 GB H200. 30 steps of ~0.3-0.4 s; with start-up
-(the model is initialized on the host) the script should take ~2-3 minutes.
+Memory at the default micro batch 4 x seq 2048 (2 micro-batches per step, 16k tokens): gpt-1.3b has 1.32B
+parameters (16 x 128-dim heads), so ~21 GB of fp32 weights, grads and AdamW state (16 bytes/param) + ~16 GB of
+activations and fp32 logits (`llmtrain plan` with these overrides and hardware=h100: 34.8 GiB): fits an 80 GB H100
+without recompute; raise --micro (or add --recompute selective) on a 141 GB H200. 30 steps of ~0.3 s (plan's
+estimate at 50% MFU: 0.28 s); with start-up (the model is initialized on the host) the script should take ~2-3
+minutes.
 
   python scripts/bench_gpu_mfu.py [--micro 4] [--global-batch 8] [--steps 30] [--skip 10] [--recompute none]
 """

@@ -304,3 +304,53 @@ def test_cli_prints_one_summary_line(ckpt256, tmp_path, capsys):
     assert len(lines) == 1 and str(tmp_path / "hf") in lines[0] and f"{model.num_params():,} parameters" in lines[0]
     with pytest.raises(SystemExit):
         parser.parse_args([str(path), "--format", "onnx", "--out", "x"])
+
+
+# ---- a run directory -----------------------------------------------------------------------------------------
+
+
+def _run_dir_with(tmp_path: Path, src: Path, complete: dict[str, int], partial: list[str]) -> Path:
+    """A run directory like the trainer's (config.yaml, logs/, checkpoints/) holding copies of checkpoint `src`."""
+    run = tmp_path / "run"
+    (run / "logs").mkdir(parents=True)
+    shutil.copy(src / "config.yaml", run / "config.yaml")
+    for name, step in complete.items():
+        shutil.copytree(src, run / "checkpoints" / name)
+        (run / "checkpoints" / name / "meta.json").write_text(json.dumps({"step": step}))
+    for name in partial:  # a save that did not finish: no meta.json
+        shutil.copytree(src, run / "checkpoints" / name)
+        (run / "checkpoints" / name / "meta.json").unlink()
+    return run
+
+
+def test_cli_exports_the_newest_complete_checkpoint_of_a_run_dir(ckpt256, tmp_path, capsys):
+    src, model, _ = ckpt256
+    run = _run_dir_with(tmp_path, src, {"step-0000003": 3, "step-0000007": 7}, ["step-0000009.tmp"])
+    parser = argparse.ArgumentParser()
+    add_export_arguments(parser)
+    out = tmp_path / "st"
+    assert run_export(parser.parse_args([str(run), "--format", "safetensors", "--out", str(out)])) == 0
+    newest = run / "checkpoints" / "step-0000007"
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0] == f"exporting {newest} (newest complete checkpoint of {run})"
+    assert len(lines) == 2 and lines[1].startswith(f"exported {newest} as llmtrain safetensors to {out}")
+    assert read_safetensors_metadata(out / "model.safetensors")["step"] == "7"
+    sd = read_safetensors(out / "model.safetensors")
+    assert torch.equal(sd["layers.1.attn.q.weight"], dict(model.named_parameters())["layers.1.attn.q.weight"])
+
+
+@pytest.mark.parametrize("contents", ["partial", "empty", "no checkpoints folder"])
+def test_run_dir_without_a_complete_checkpoint_is_one_line_exit_2(contents, ckpt256, tmp_path, capsys):
+    from llmtrain.cli import main
+
+    src, _, _ = ckpt256
+    run = _run_dir_with(tmp_path, src, {}, ["step-0000005.tmp", "step-0000006"] if contents == "partial" else [])
+    if contents == "empty":
+        (run / "checkpoints").mkdir()
+    assert main(["ckpt", "export", str(run), "--format", "hf", "--out", str(tmp_path / "out")]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"llmtrain: error: {run}: run directory without a complete checkpoint")
+    if contents == "partial":
+        assert "step-0000005.tmp, step-0000006 (no meta.json)" in err[0]
+    assert captured.out == "" and not (tmp_path / "out").exists()

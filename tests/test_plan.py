@@ -18,7 +18,7 @@ from llmtrain.plan.estimate import stage_params
 CONFIGS = [
     [],
     ["model=gpt-125m"],
-    ["model=gpt-1.3b", "model.n_layers=4"],                       # head_dim 128 x 24 heads over d_model 2048
+    ["model=gpt-1.3b", "model.n_layers=4", "model.n_heads=24", "model.head_dim=128"],  # 24 x 128 over d_model 2048
     ["model.vocab_size=250", "parallel.pp=2", "parallel.pp_layers=[1,3]"],
     ["parallel.pp=2", "parallel.virtual_stages=2", "parallel.pp_schedule=interleaved_1f1b", "cluster.nproc_per_node=2"],
 ]
@@ -74,7 +74,7 @@ def test_plan_cli_fit_json_and_speed():
     result = run_cli(["plan", "model=gpt-1.3b", "hardware=h100", "precision=bf16", "--json"])
     assert result.returncode == 0
     plan = json.loads(result.stdout)
-    assert plan["fits"] and plan["params_total"] == 1_517_219_840
+    assert plan["fits"] and plan["params_total"] == 1_315_819_520
     assert plan["dims"]["dp"] == 2 and 0 < plan["mfu"] < 1
 
 

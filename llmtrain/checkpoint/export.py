@@ -275,7 +275,9 @@ def _read_meta_json(ckpt: Path) -> dict:
 # ---- llmtrain <-> Hugging Face GPT-2 -------------------------------------------------------------------------
 
 
-def _hf_compatible(model_cfg) -> None:
+def check_hf_exportable(model_cfg) -> None:
+    """ConfigError unless a Hugging Face GPT-2 can hold this model: its attention width n_heads x head_dim must
+    equal d_model (GPT-2 has no separate head_dim). Reads the config only; `--format hf` checks it first."""
     head_dim = model_cfg.head_dim or model_cfg.d_model // model_cfg.n_heads
     if head_dim * model_cfg.n_heads != model_cfg.d_model:
         raise ConfigError("--format", f"Hugging Face GPT-2 needs n_heads x head_dim = d_model, but this model has "
@@ -395,7 +397,7 @@ def export_checkpoint(ckpt_dir: str | os.PathLike, fmt: str, out_dir: str | os.P
     _check_out_dir(out)
     cfg = load_checkpoint_config(ckpt)
     if fmt == "hf":
-        _hf_compatible(cfg.model)
+        check_hf_exportable(cfg.model)
     tensors, cfg = load_model_state(ckpt)
     vocab = cfg.model.vocab_size
     num_params = sum(t.numel() for t in tensors.values()) - (tensors[EMBED].shape[0] - vocab) * cfg.model.d_model

@@ -10,7 +10,8 @@ FORMATS = ("safetensors", "hf")
 
 def add_export_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("ckpt", metavar="CKPT",
-                        help="checkpoint folder (RUN_DIR/checkpoints/step-NNNNNNN: DCP files + config.yaml)")
+                        help="checkpoint folder (RUN_DIR/checkpoints/step-NNNNNNN: DCP files + config.yaml), or a "
+                             "run directory: its newest complete checkpoint")
     parser.add_argument("--format", required=True, choices=FORMATS, dest="format",
                         help="safetensors: model.safetensors with llmtrain names + config.yaml; "
                              "hf: a Hugging Face GPT-2 folder (config.json + model.safetensors) that "
@@ -20,11 +21,17 @@ def add_export_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    """Export the checkpoint; returns the exit status. A ConfigError propagates for the CLI to report."""
+    """Export the checkpoint (a run directory: its newest complete one); returns the exit status. A ConfigError
+    propagates for the CLI to report."""
+    from llmtrain.checkpoint.store import checkpoint_or_newest
+
+    ckpt, from_run_dir = checkpoint_or_newest(args.ckpt)  # before importing torch: a bad run dir fails fast
+    if from_run_dir:
+        print(f"exporting {ckpt} (newest complete checkpoint of {args.ckpt})", flush=True)
     from llmtrain.checkpoint.export import export_checkpoint
 
-    summary = export_checkpoint(args.ckpt, args.format, args.out)
+    summary = export_checkpoint(ckpt, args.format, args.out)
     kind = "Hugging Face GPT-2 folder" if summary["format"] == "hf" else "llmtrain safetensors"
-    print(f"exported {args.ckpt} as {kind} to {summary['out']} ({', '.join(summary['files'])}): "
+    print(f"exported {ckpt} as {kind} to {summary['out']} ({', '.join(summary['files'])}): "
           f"{summary['num_params']:,} parameters")
     return 0

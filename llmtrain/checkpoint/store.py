@@ -85,6 +85,35 @@ def latest_complete(run_dir: str) -> tuple[CheckpointInfo | None, list[Checkpoin
     return latest, ignored
 
 
+def checkpoint_or_newest(path: str) -> tuple[str, bool]:
+    """`path` if it is a checkpoint folder, else the newest complete checkpoint of the run directory `path`.
+
+    A folder with a checkpoints/ subfolder is a run directory; so is any other existing folder that is not a
+    checkpoint (no DCP .metadata, no meta.json, not named step-NNNNNNN). Returns (checkpoint folder, whether
+    `path` was a run directory); a run directory without a complete checkpoint is a CheckpointError naming it.
+    A missing path is returned as is, for the caller to report.
+    """
+    if not os.path.isdir(path):
+        return path, False
+    has_checkpoints = os.path.isdir(checkpoints_dir(path))
+    is_checkpoint = (os.path.exists(os.path.join(path, ".metadata")) or os.path.exists(os.path.join(path, META))
+                     or _NAME.match(os.path.basename(os.path.normpath(path))) is not None)
+    if is_checkpoint and not has_checkpoints:
+        return path, False
+    latest, ignored = latest_complete(path)
+    if latest is None:
+        if not has_checkpoints:
+            detail = f"{checkpoints_dir(path)} does not exist, and {path} is not a checkpoint folder either"
+        elif ignored:
+            names = ", ".join(os.path.basename(i.path) + ("" if i.path.endswith(".tmp") else " (no meta.json)")
+                              for i in ignored)
+            detail = f"{checkpoints_dir(path)} holds only incomplete ones: {names}"
+        else:
+            detail = f"{checkpoints_dir(path)} holds no step-NNNNNNN folder"
+        raise CheckpointError(path, f"run directory without a complete checkpoint ({detail})")
+    return latest.path, True
+
+
 def resolve_resume(run_dir: str, resume: str) -> tuple[str | None, list[CheckpointInfo]]:
     """checkpoint.resume -> checkpoint folder to load (or None for a fresh start), plus ignored partial ones."""
     if resume == "none":
