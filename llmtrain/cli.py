@@ -10,13 +10,33 @@ from llmtrain import __version__
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
+def _config_groups_help() -> str:
+    """One line per built-in config group (each folder of configs/) with its options: read from the folders, so
+    the help cannot miss a group. Imports omegaconf (via compose), not torch, so --help stays fast."""
+    import textwrap
+
+    try:
+        from llmtrain.config.compose import builtin_config_dir
+
+        groups = sorted((d for d in builtin_config_dir().iterdir() if d.is_dir() and d.name[0] not in "._"),
+                        key=lambda d: d.name)
+        width = max(len(d.name) for d in groups) + 2
+        return "\n".join(textwrap.fill(", ".join(sorted(f.stem for f in d.glob("*.yaml"))), width=100,
+                                       initial_indent=f"  {d.name:<{width}}", subsequent_indent=" " * (width + 2),
+                                       break_on_hyphens=False)
+                         for d in groups)
+    except (OSError, ImportError, ValueError):  # no readable configs/: the commands will say so
+        return "  (the folders of configs/)"
+
+
 OVERRIDE_HELP = """\
 overrides use Hydra's grammar:
   key=value          set a key            train.max_steps=100 parallel.tp=2
   group=option       pick a config file   model=gpt-1.3b precision=bf16 data=memmap cluster=local
   +key=value         add a key            +env.NCCL_DEBUG=INFO
   ~key               delete a key         ~env.NCCL_DEBUG
-config groups (configs/<group>/<option>.yaml): model, precision, data, cluster, network, train, parallel;
+config groups (configs/<group>/<option>.yaml) and their options:
+""" + _config_groups_help() + """
 add your own with --config-dir DIR (its options shadow the built-in ones).
 """
 
@@ -121,7 +141,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Flags of Hydra apps, and what llmtrain offers instead.
+HYDRA_FLAGS = {
+    "--cfg": "print the resolved config with `llmtrain config [OVERRIDES...]`",
+    "-c": "print the resolved config with `llmtrain config [OVERRIDES...]`",
+    "--info": "print the resolved config with `llmtrain config [OVERRIDES...]`; the config groups and their "
+              "options are listed by `llmtrain --help`",
+    "--multirun": "llmtrain launch runs one configuration; start one launch per value",
+    "-m": "llmtrain launch runs one configuration; start one launch per value",
+}
+
+
+def hydra_flag_error(argv: list[str]) -> str | None:
+    """The message for a Hydra app's flag given to llmtrain, or None."""
+    for arg in argv:
+        flag = arg.split("=", 1)[0]
+        if flag in HYDRA_FLAGS:
+            return f"llmtrain: error: {flag} is a flag of Hydra apps; {HYDRA_FLAGS[flag]}"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    message = hydra_flag_error(argv)
+    if message:
+        print(message, file=sys.stderr)
+        return EXIT_USAGE
     parser = build_parser()
     args = parser.parse_args(argv)
     from llmtrain.config.errors import ConfigError

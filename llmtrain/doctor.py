@@ -14,8 +14,8 @@ import shutil
 
 from omegaconf import DictConfig
 from rich.console import Console
-from rich.table import Table
 
+from llmtrain.console import fold_table, get_console
 from llmtrain.launch.backend import get_backend
 from llmtrain.launch.monitor import Monitor
 from llmtrain.launch.run import prepare_run_dir
@@ -48,7 +48,7 @@ def problems(report: dict, cfg: DictConfig) -> list[str]:
 
 
 def render(report: dict, console: Console) -> None:
-    ranks = Table(title="ranks", title_justify="left")
+    ranks = fold_table("ranks")
     for col in ("rank", "host", "python", "torch", "cuda", "nccl", "device", "gpu"):
         ranks.add_column(col)
     for i, r in enumerate(report["ranks"]):
@@ -62,8 +62,7 @@ def render(report: dict, console: Console) -> None:
         seen.add(r["host"])
         env = " ".join(f"{k}={v}" for k, v in r["env"].items()) or "(none set)"
         console.print(f"network environment on {r['host']}: {env}", markup=False, highlight=False)
-    bw = Table(title=f"all_reduce, {report['world_size']} ranks (sum, fp32; busbw = algbw x 2(n-1)/n)",
-               title_justify="left")
+    bw = fold_table(f"all_reduce, {report['world_size']} ranks (sum, fp32; busbw = algbw x 2(n-1)/n)")
     for col in ("bytes", "time (us)", "algbw (GB/s)", "busbw (GB/s)"):
         bw.add_column(col, justify="right")
     for row in report["all_reduce"]:
@@ -73,8 +72,11 @@ def render(report: dict, console: Console) -> None:
 
 
 def run_doctor(cfg: DictConfig, max_bytes: int | None, iters: int) -> int:
-    console = Console()
+    console = get_console()
     cfg.run.dir = os.path.join(os.path.abspath(cfg.run.dir), "doctor")
+    if cfg.cluster.name == "slurm":
+        cfg.cluster.follow = True  # the report needs the job to finish
+    get_backend(cfg, cfg.run.dir, worker_module="llmtrain.doctor_worker").check_ready()
     shutil.rmtree(cfg.run.dir, ignore_errors=True)
     run_dir = prepare_run_dir(cfg)
     if max_bytes is None:
@@ -82,8 +84,6 @@ def run_doctor(cfg: DictConfig, max_bytes: int | None, iters: int) -> int:
     sizes = [s for s in (2**k for k in range(10, 31, 2)) if s <= max_bytes]
     with open(os.path.join(run_dir, "doctor_args.json"), "w") as f:
         json.dump({"sizes": sizes, "iters": iters}, f)
-    if cfg.cluster.name == "slurm":
-        cfg.cluster.follow = True  # the report needs the job to finish
     backend = get_backend(cfg, run_dir, worker_module="llmtrain.doctor_worker")
     console.print(f"llmtrain doctor: {cfg.cluster.nnodes} node(s) x {cfg.cluster.nproc_per_node} process(es) "
                   f"via {backend.name}; results in {run_dir}", markup=False, highlight=False)

@@ -4,6 +4,7 @@ partial and corrupted checkpoints, `ckpt list`."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -60,6 +61,17 @@ def test_stop_and_resume_same_layout_is_exact(uninterrupted, tmp_path):
     diff = max_diff(losses, uninterrupted["dp2"], range(1, 13))
     assert diff <= 1e-6, f"resumed vs uninterrupted: {diff}"
     assert ckpt_steps(run_dir) == ["step-0000006", "step-0000012"]
+    # Training time adds up over both launches: in metrics, the checkpoint and the final line.
+    elapsed = {r["step"]: r["elapsed_s"] for r in read_rows(run_dir) if "loss" in r}
+    saved = json.loads((run_dir / "checkpoints" / "step-0000006" / "meta.json").read_text())["elapsed_s"]
+    assert elapsed[6] <= saved < elapsed[7] < elapsed[12]
+    done = re.search(r"done, 12 steps, [\d,]+ tokens in ([\d.]+) s \(6 since resuming at step 6, in ([\d.]+) s\)",
+                     result.stdout)
+    assert done and float(done[1]) > saved and float(done[1]) >= float(done[2]), result.stdout[-2000:]
+    # A third launch has nothing left to do, and says only that.
+    again = run_cli(["launch", f"run.dir={run_dir}", *BASE, "checkpoint.keep=5", "train.eval_interval=3"])
+    assert again.returncode == 0 and "nothing to do: already at step 12" in again.stdout
+    assert "done," not in again.stdout, again.stdout
 
 
 def test_resume_under_other_layouts(uninterrupted, tmp_path):
@@ -102,6 +114,7 @@ def test_partial_checkpoint_is_ignored_and_corrupt_one_is_named(uninterrupted, t
     result = run_cli(["launch", f"run.dir={run_dir}", *BASE, "train.max_steps=14"])
     assert result.returncode == 0, result.stdout[-2000:]
     assert "ignoring incomplete checkpoint" in result.stdout and "step-0000013.tmp" in result.stdout
+    assert result.stdout.count("ignoring incomplete checkpoint") == 1, result.stdout  # the launcher's word only
     assert sorted(train_losses(run_dir))[-2:] == [13, 14]
     # A truncated shard of the newest complete checkpoint: a clear error naming the file, nothing trained.
     newest = ckpts / "step-0000014"
@@ -146,6 +159,9 @@ def test_killed_rank_restarts_and_matches(uninterrupted, tmp_path):
     assert proc.returncode == 0, out[-3000:]
     status = json.loads((run_dir / "logs" / "rank0.status").read_text())
     assert status["restart"] == 1  # the job really restarted
+    # The launcher says which rank died and that torchrun restarts; rank 0 says where it resumed.
+    assert "rank 1 (local rank 1) failed (signal 9); torchrun restarts the workers (restart 1 of 1)" in out, out
+    assert re.search(r"restart 1 of 1: resumed from \S+/step-\d{7} at step \d+", out), out
     losses = train_losses(run_dir)
     assert sorted(losses) == list(range(1, steps + 1))
     diff = max_diff(losses, train_losses(reference_dir), range(1, steps + 1))
@@ -165,6 +181,7 @@ def test_sigterm_checkpoints_and_resubmission_resumes(uninterrupted, tmp_path):
         proc.kill()
     assert proc.returncode == 143, out[-3000:]
     assert "preempted at step" in out and "checkpoint saved" in out
+    assert out.count("preempted at step") == 1, out  # said once, by the launcher
     saved = [int(name.split("-")[1]) for name in ckpt_steps(run_dir)]
     assert len(saved) == 1 and 3 <= saved[0] < steps
     assert not worker_processes(run_dir)

@@ -31,7 +31,7 @@ def test_global_batch_default_fills_the_pipeline():
 
 @pytest.mark.parametrize("name,layers,width,heads", [
     ("gpt-125m", 12, 768, 12), ("gpt-350m", 24, 1024, 16), ("gpt-760m", 24, 1536, 16),
-    ("gpt-1.3b", 24, 2048, 24), ("gpt-2.7b", 32, 2560, 32), ("gpt-6.7b", 32, 4096, 32),
+    ("gpt-1.3b", 24, 2048, 16), ("gpt-2.7b", 32, 2560, 32), ("gpt-6.7b", 32, 4096, 32),
     ("gpt-13b", 40, 5120, 40), ("gpt-175b", 96, 12288, 96)])
 def test_gpt3_paper_sizes(name, layers, width, heads):
     cfg = compose(f"model={name}")
@@ -98,7 +98,66 @@ BAD_INPUTS = [
     (["--config-dir", "/nonexistent/configs"], "--config-dir"),
     (["train.lr=="], "override"),                                             # unparsable override
     (["profile.memory=true", "profile.steps=[1,2]"], "profile.memory"),       # two profilers at once
+    (["cluster.nproc_per_node=0"], "cluster.nproc_per_node"),                 # not reported as parallel.dp
+    (["run.dir=/proc/llmtrain-run"], "run.dir"),                              # a folder that cannot be made
 ]
+
+# Habits from other Hydra apps: each is refused with a line that says what llmtrain wants instead.
+HYDRA_HABITS = [
+    (["hydra.run.dir=/tmp/out"], "hydra.run.dir", "run.dir=/tmp/out"),
+    (["env.NCCL_DEBUG=INFO"], "env.NCCL_DEBUG", "+env.NCCL_DEBUG="),
+    (["+model=gpt-125m"], "model", "model=gpt-125m (no '+')"),
+    (["train.lr=1e-3,3e-4"], "train.lr", "give one value"),
+    (["train.seed=range(1,4)"], "train.seed", "give one value"),
+]
+BAD_INPUTS += [(overrides, key) for overrides, key, _ in HYDRA_HABITS]
+
+
+@pytest.mark.parametrize("overrides,key,hint", HYDRA_HABITS, ids=[h[1] for h in HYDRA_HABITS])
+def test_hydra_habits_get_a_hint(overrides, key, hint, capsys):
+    code = main(["config", *overrides])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"llmtrain: error: {key}:") and hint in err, err
+
+
+@pytest.mark.parametrize("argv,hint", [(["config", "--cfg", "job"], "llmtrain config"),
+                                       (["launch", "--info"], "llmtrain config"),
+                                       (["launch", "-m", "train.lr=1,2"], "one configuration")])
+def test_hydra_flags_point_to_llmtrain_commands(argv, hint, capsys):
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and hint in err, err
+
+
+def test_cuda_without_cuda_is_refused_before_anything_starts(tmp_path, capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: device=cuda is valid here")
+    for command in ("launch", "doctor"):
+        code = main([command, f"run.dir={tmp_path / command}", "device=cuda"])
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("\n") == 1 and err.startswith("llmtrain: error: device:"), err
+        assert not (tmp_path / command).exists()
+
+
+def test_slurm_without_sbatch_leaves_nothing(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))  # no sbatch here, whatever the machine has
+    code = main(["launch", f"run.dir={tmp_path / 'run'}", "cluster=slurm", "cluster.nnodes=1"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "sbatch is not on PATH" in err, err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("overrides,line", [
+    (["cluster.nproc_per_node=2"], "#SBATCH --gpus-per-node=2"),
+    (["cluster.nproc_per_node=2", "cluster.gpus_per_node=4"], "#SBATCH --gpus-per-node=4"),
+    (["cluster.nproc_per_node=2", "device=cpu"], None)])
+def test_slurm_requests_one_gpu_per_process(overrides, line, capsys):
+    assert main(["launch", "--dry-run", "cluster=slurm", "cluster.nnodes=1", *overrides]) == 0
+    requested = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("#SBATCH --gpus-per-node")]
+    assert requested == ([line] if line else [])
 
 
 @pytest.mark.parametrize("overrides,key", BAD_INPUTS, ids=[k + ":" + " ".join(o) for o, k in BAD_INPUTS])

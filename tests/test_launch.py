@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import re
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import psutil
 import pytest
@@ -101,4 +104,10 @@ def test_interrupt_stops_every_process(tmp_path, sig, code, said):
         proc.kill()
     assert proc.returncode == code, out[-2000:]
     assert said in out
+    if sig == signal.SIGINT:
+        # The workers checkpoint on their way out; the launcher names that checkpoint.
+        saved = re.search(r"checkpoint step (\d+) saved in (\S+); the same command resumes from it", out)
+        assert saved, out[-2000:]
+        meta = json.loads((Path(saved[2]) / "meta.json").read_text())
+        assert meta["complete"] and meta["step"] == int(saved[1])
     assert wait_for(lambda: not worker_processes(run_dir), timeout=30), worker_processes(run_dir)

@@ -39,7 +39,7 @@ class CheckpointManager:
         # Saves (async ones finish in a background thread) get their own gloo group, so their collectives never
         # interleave with training's on the default group.
         self.group = dist.new_group(backend="gloo")
-        self.pending = None  # (future, tmp_path, step, t0)
+        self.pending = None  # (future, tmp_path, step, elapsed_s, t0)
 
     # ---- state -----------------------------------------------------------------------------------------------
     def state_dict(self, trainer, for_load: bool = False, include_rng: bool = True) -> dict:
@@ -77,14 +77,15 @@ class CheckpointManager:
             os.makedirs(tmp)
         dist.barrier(group=self.group)
         state = self.state_dict(trainer)
+        elapsed = trainer.elapsed_s()
         t0 = time.perf_counter()
         if asynchronous:
             future = dcp.async_save(state, checkpoint_id=tmp, process_group=self.group)
-            self.pending = (future, tmp, step, t0)
+            self.pending = (future, tmp, step, elapsed, t0)
             self.log(f"llmtrain: checkpoint step {step}: saving in the background", flush=True)
         else:
             dcp.save(state, checkpoint_id=tmp, process_group=self.group)
-            self._finalize(tmp, step, t0)
+            self._finalize(tmp, step, elapsed, t0)
 
     def poll(self) -> None:
         """At a step boundary: finalize an async save once every rank's part is written."""
@@ -99,12 +100,12 @@ class CheckpointManager:
     def wait(self) -> None:
         if self.pending is None:
             return
-        future, tmp, step, t0 = self.pending
+        future, tmp, step, elapsed, t0 = self.pending
         self.pending = None
         future.result()  # re-raises a failed write
-        self._finalize(tmp, step, t0)
+        self._finalize(tmp, step, elapsed, t0)
 
-    def _finalize(self, tmp: str, step: int, t0: float) -> None:
+    def _finalize(self, tmp: str, step: int, elapsed: float, t0: float) -> None:
         # Complete only when every rank has written its part: then rank 0 seals the folder.
         dist.barrier(group=self.group)
         if self.rank == 0:
@@ -112,6 +113,8 @@ class CheckpointManager:
                 f.write(to_yaml(self.cfg))
             final = store.finalize(tmp, {"step": step, "complete": True, "layout": _layout(self.cfg),
                                          "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                                         # training time of the whole run up to this step, over every launch
+                                         "elapsed_s": round(elapsed, 3),
                                          "model": {k: self.cfg.model[k] for k in self.cfg.model}})
             size = sum(v["bytes"] for v in store.read_meta(final)["files"].values())
             removed = store.prune(self.run_dir, self.cfg.checkpoint.keep)
@@ -134,7 +137,8 @@ class CheckpointManager:
             dst_state[m] = value.clone()
 
     # ---- load ------------------------------------------------------------------------------------------------
-    def load(self, trainer, path: str) -> None:
+    def load(self, trainer, path: str, prefix: str = "") -> None:
+        """Restore `trainer` from the checkpoint at `path`; `prefix` starts the log line (a restart's number)."""
         meta = store.verify(path, crc=False)
         same_layout = meta.get("layout") == _layout(self.cfg)
         state = self.state_dict(trainer, for_load=True, include_rng=same_layout)
@@ -148,12 +152,13 @@ class CheckpointManager:
         trainer.samples_seen = int(extra["samples_seen"])
         trainer.tokens_seen = int(extra["tokens_seen"])
         trainer.scaler.load_state_dict(extra["scaler"])
+        trainer.elapsed_before = float(meta.get("elapsed_s", 0.0))
         self._restore_tied_copy(trainer)
         if same_layout:
             torch.set_rng_state(state["rng"][f"rank{self.rank}"])
         else:
             # Another layout: ranks map to other work, so reseed from (seed, step, rank) instead.
             torch.manual_seed(self.cfg.train.seed + 1_000_003 * trainer.step + self.rank)
-        self.log(f"llmtrain: resumed from {path} at step {trainer.step} ({trainer.samples_seen:,} samples seen)"
+        self.log(f"llmtrain: {prefix}resumed from {path} at step {trainer.step} ({trainer.samples_seen:,} samples seen)"
                  + ("" if same_layout else f"; resharded from layout {meta.get('layout')} to {_layout(self.cfg)}"),
                  flush=True)

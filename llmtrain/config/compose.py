@@ -37,6 +37,7 @@ def compose_config(overrides: Sequence[str] = (), config_dirs: Iterable[str] = (
         if not path.is_dir():
             raise ConfigError("--config-dir", f"no such directory: {d}")
         dirs.append(path)
+    check_override_habits(overrides, config_groups([builtin_config_dir(), *dirs]))
     hydra_overrides = list(overrides)
 
     GlobalHydra.instance().clear()
@@ -58,6 +59,49 @@ def compose_config(overrides: Sequence[str] = (), config_dirs: Iterable[str] = (
     finally:
         GlobalHydra.instance().clear()
     return to_typed(raw)
+
+
+def config_groups(config_dirs: Iterable[Path]) -> set[str]:
+    """The config groups: the sub-folders of the config folders."""
+    return {p.name for d in config_dirs for p in Path(d).iterdir() if p.is_dir() and not p.name.startswith(("_", "."))}
+
+
+def check_override_habits(overrides: Sequence[str], groups: set[str]) -> None:
+    """Hydra-app habits that mean something else here: one line saying what llmtrain wants instead."""
+    for override in overrides:
+        key, eq, value = override.partition("=")
+        bare = key.lstrip("+~")
+        if bare == "hydra" or bare.startswith("hydra."):
+            hint = f"run.dir={value}" if bare in ("hydra.run.dir", "hydra.sweep.dir") and eq else "run.dir=DIR"
+            raise ConfigError(bare, "llmtrain does not use Hydra's own settings: the run directory is run.dir "
+                                    f"({hint}), logs go to RUN_DIR/logs")
+        if key.startswith("+") and bare in groups and eq:
+            raise ConfigError(bare, f"'{bare}' is a config group that always has an option; choose it with "
+                                    f"{bare}={value} (no '+')")
+        if eq and _is_sweep(value):
+            raise ConfigError(bare, f"'{value}' is several values (a sweep), and llmtrain launch runs one "
+                                    f"configuration: give one value (a value holding a comma is quoted: "
+                                    f"{bare}='\"a,b\"')")
+
+
+def _is_sweep(value: str) -> bool:
+    """A bare comma list or a sweep function (range, choice, glob) as Hydra's multirun reads it."""
+    v = value.strip()
+    if v.startswith(("range(", "choice(", "glob(", "interval(")):
+        return True
+    depth, quote = 0, None
+    for ch in v:
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "[{(":
+            depth += 1
+        elif ch in "]})":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            return True
+    return False
 
 
 # Config keys that are Python keywords cannot be dataclass fields: the schema holds them under another name.
@@ -118,6 +162,8 @@ def _omegaconf_error(e: OmegaConfBaseException) -> ConfigError:
     msg = _first_line(getattr(e, "msg", None) or str(e))
     if "not in struct" in msg or "Key '" in msg and "not in" in msg:
         msg = "unknown key (not in the schema; check its spelling)"
+        if key.startswith("env."):
+            msg = f"not set yet: add a new variable with +{key}=VALUE (with '+')"
     elif "could not be converted" in msg or "Invalid value" in msg or "Incompatible value" in msg:
         msg = f"wrong type: {msg}"
     return ConfigError(key, msg)

@@ -173,7 +173,7 @@ class ClusterConfig:
     partition: Optional[str] = None
     account: Optional[str] = None
     time: Optional[str] = None
-    gpus_per_node: int = 0
+    gpus_per_node: Optional[int] = None  # None: one GPU per process (none with device=cpu)
     cpus_per_node: Optional[int] = None
     job_name: Optional[str] = None
     requeue: bool = True

@@ -52,12 +52,12 @@ def _non_negative(cfg: DictConfig, *keys: str) -> None:
 
 def validate(cfg: DictConfig) -> None:
     """Raise ConfigError for the first rule the config breaks."""
+    _validate_cluster(cfg)  # first: the world size every later rule divides
     _validate_model(cfg)
     _validate_parallel(cfg)
     _validate_train(cfg)
     _validate_data(cfg)
     _validate_precision(cfg)
-    _validate_cluster(cfg)
     _validate_recompute_and_optim(cfg)
 
 
@@ -196,21 +196,37 @@ def _validate_train(cfg: DictConfig) -> None:
 
 
 def _validate_data(cfg: DictConfig) -> None:
+    """The data source, and for a token file everything knowable without reading it (os + json only:
+    no torch here, the launcher starts fast): vocabulary, dtype, size, and room for one sample per split."""
     import os
+
+    from llmtrain.data.errors import DataError
+    from llmtrain.data.tokenfile import check_split_sizes, check_token_file
 
     d = cfg.data
     _require(d.name in DATA_SOURCES, "data.name", f"unknown data source '{d.name}' (choose from {DATA_SOURCES})")
     _require(0.0 < d.val_fraction < 1.0, "data.val_fraction", f"must be in (0, 1) (got {d.val_fraction})")
     if d.dtype is not None:
         _require(d.dtype in TOKEN_DTYPES, "data.dtype", f"must be one of {TOKEN_DTYPES} (got {d.dtype})")
-    if d.name == "memmap":
-        _require(bool(d.path) and d.path != "???", "data.path", "memmap data needs data.path (a token file from `llmtrain data prepare`)")
-        _require(os.path.isfile(str(d.path)), "data.path", f"no such file: {d.path}")
-    if d.name == "stdlib":
-        _require(bool(d.path), "data.path", "the stdlib corpus needs a data.path to build into")
-        _require(cfg.model.vocab_size >= 256, "model.vocab_size",
-                 f"byte-level stdlib data has 256 token ids; vocab_size={cfg.model.vocab_size} is too small")
-        _positive(cfg, "data.max_bytes")
+    t, m = cfg.train, cfg.model
+    need_val = bool(t.eval_interval and t.eval_steps)  # the trainer evaluates only then
+    try:
+        if d.name == "memmap":
+            _require(bool(d.path) and d.path != "???", "data.path",
+                     "memmap data needs data.path (a token file from `llmtrain data prepare`)")
+            _require(os.path.isfile(os.path.expanduser(str(d.path))), "data.path", f"no such file: {d.path}")
+            check_token_file(str(d.path), dtype=d.dtype, seq_len=m.seq_len, val_fraction=d.val_fraction,
+                             model_vocab=m.vocab_size, need_val=need_val)
+        if d.name == "stdlib":
+            _require(bool(d.path), "data.path", "the stdlib corpus needs a data.path to build into")
+            _require(m.vocab_size >= 256, "model.vocab_size",
+                     f"byte-level stdlib data has 256 token ids; vocab_size={m.vocab_size} is too small")
+            _positive(cfg, "data.max_bytes")
+            # Built right before the workers start, with at most data.max_bytes tokens: too few is knowable now.
+            check_split_sizes(f"the stdlib corpus (data.max_bytes={d.max_bytes})", d.max_bytes, m.seq_len,
+                              d.val_fraction, need_val, key="data.max_bytes", more="raise data.max_bytes")
+    except DataError as e:
+        raise ConfigError(e.key, e.message) from None
 
 
 def _validate_precision(cfg: DictConfig) -> None:

@@ -37,6 +37,10 @@ class Backend(abc.ABC):
         # What torchrun runs on every rank: the trainer, or `llmtrain doctor`'s preflight.
         self.worker_module = worker_module
 
+    def check_ready(self) -> None:
+        """What this node can tell before anything is written or started (tools on PATH, devices); raises
+        ConfigError."""
+
     @abc.abstractmethod
     def node_commands(self) -> list[NodeCommand]:
         """The commands that start torchrun on each node (shown by --dry-run, run by launch)."""

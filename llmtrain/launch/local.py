@@ -31,6 +31,15 @@ class LocalBackend(Backend):
         self.proc = None
         self.output: list[str] = []
 
+    def check_ready(self) -> None:
+        if self.cfg.device == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ConfigError("device", "device=cuda but this node has no usable CUDA device "
+                                            f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'none'}); "
+                                            "use device=auto or device=cpu")
+
     def node_commands(self) -> list[NodeCommand]:
         c = self.cfg.cluster
         argv = torchrun_argv(self.cfg, self.run_dir, c.nnodes, c.node_rank if c.nnodes > 1 else None,

@@ -11,36 +11,19 @@ from typing import Callable
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-
-class LineFollower:
-    """Yields the complete new lines of a file that may not exist yet and keeps growing."""
-
-    def __init__(self, path: str, from_end: bool = False):
-        """from_end: skip what the file already holds (a rank log appended to by an earlier launch)."""
-        self.path = path
-        self.offset = os.path.getsize(path) if from_end and os.path.exists(path) else 0
-        self.partial = ""
-
-    def new_lines(self) -> list[str]:
-        try:
-            with open(self.path, "r", errors="replace") as f:
-                f.seek(self.offset)
-                data = f.read()
-                self.offset = f.tell()
-        except FileNotFoundError:
-            return []
-        data = self.partial + data
-        lines = data.split("\n")
-        self.partial = lines.pop()
-        return lines
+from llmtrain.console import get_console
+from llmtrain.launch.follow import LineFollower
+from llmtrain.launch.restarts import RestartNotices
 
 
 class Monitor:
-    def __init__(self, run_dir: str, max_steps: int, console: Console | None = None, stream_rank: int = 0):
+    def __init__(self, run_dir: str, max_steps: int, console: Console | None = None, stream_rank: int = 0,
+                 nnodes: int = 1, max_restarts: int = 0):
         self.run_dir = run_dir
-        self.console = console or Console()
+        self.console = console or get_console()
         self.log = LineFollower(os.path.join(run_dir, "logs", f"rank{stream_rank}.log"), from_end=True)
         self.metrics = LineFollower(os.path.join(run_dir, "metrics.jsonl"))
+        self.restarts = RestartNotices(run_dir, nnodes, max_restarts)
         self.progress = Progress(
             TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
             TextColumn("loss [cyan]{task.fields[loss]}"), TextColumn("{task.fields[tps]} tok/s"),
@@ -51,6 +34,8 @@ class Monitor:
         self.last_row: dict = {}
 
     def poll(self) -> None:
+        for line in self.restarts.poll():
+            self.console.print(line, markup=False, highlight=False, soft_wrap=True)
         for line in self.log.new_lines():
             self.console.print(line, markup=False, highlight=False, soft_wrap=True)
         for line in self.metrics.new_lines():

@@ -11,6 +11,8 @@ from rich.console import Console
 from rich.table import Table
 
 from llmtrain.config import to_yaml
+from llmtrain.config.errors import ConfigError
+from llmtrain.console import fold_table, get_console
 from llmtrain.launch.backend import get_backend
 from llmtrain.launch.monitor import Monitor
 from llmtrain.parallel.layout import ParallelDims
@@ -29,8 +31,8 @@ def raise_preempt(signum, frame) -> None:
 
 def layout_table(cfg: DictConfig) -> Table:
     dims = ParallelDims.from_config(cfg)
-    table = Table(title=f"rank layout: dp={dims.dp} (replicate {dims.dp_replicate} x shard {dims.dp_shard}) "
-                        f"x pp={dims.pp} x tp={dims.tp}, zero={dims.zero}", title_justify="left", expand=False)
+    table = fold_table(f"rank layout: dp={dims.dp} (replicate {dims.dp_replicate} x shard {dims.dp_shard}) "
+                       f"x pp={dims.pp} x tp={dims.tp}, zero={dims.zero}", expand=False)
     for col in ("rank", "node", "local rank", "dp", "pp", "tp"):
         table.add_column(col, justify="right")
     nproc = cfg.cluster.nproc_per_node
@@ -41,7 +43,7 @@ def layout_table(cfg: DictConfig) -> Table:
 
 
 def dry_run(cfg: DictConfig) -> int:
-    console = Console()
+    console = get_console()
     run_dir = os.path.abspath(cfg.run.dir)
     cfg.run.dir = run_dir
     backend = get_backend(cfg, run_dir)
@@ -100,27 +102,39 @@ def check_resume(cfg: DictConfig, console: Console) -> None:
 
 
 def launch(cfg: DictConfig) -> int:
-    console = Console()
+    console = get_console()
+    run_dir = cfg.run.dir = os.path.abspath(cfg.run.dir)
+    backend = get_backend(cfg, run_dir)
+    backend.check_ready()  # missing tools or devices: refused before anything is written
     check_resume(cfg, console)
     prepare_data(cfg)
-    existed = os.path.isdir(cfg.run.dir)
-    run_dir = prepare_run_dir(cfg)
+    existed = os.path.isdir(run_dir)
     try:
-        backend = get_backend(cfg, run_dir)
-    except Exception:
+        prepare_run_dir(cfg)
+    except OSError as e:
+        raise ConfigError("run.dir", f"cannot write the run directory {run_dir}: {e.strerror or e}") from None
+    try:
+        return _run(cfg, backend, console)
+    except ConfigError:  # refused at submission (e.g. by sbatch): leave no run directory behind
         if not existed:
             shutil.rmtree(run_dir, ignore_errors=True)
         raise
+
+
+def _run(cfg: DictConfig, backend, console) -> int:
+    run_dir = cfg.run.dir
     dims = ParallelDims.from_config(cfg)
     console.print(f"llmtrain: run directory {run_dir}; {dims.world_size} ranks "
                   f"(dp={dims.dp} tp={dims.tp} pp={dims.pp}) on {cfg.cluster.nnodes} node(s), backend "
                   f"{backend.name}", markup=False, highlight=False, soft_wrap=True)
-    monitor = Monitor(run_dir, cfg.train.max_steps, console)
+    monitor = Monitor(run_dir, cfg.train.max_steps, console, nnodes=cfg.cluster.nnodes,
+                      max_restarts=cfg.launch.max_restarts)
     try:
         code = backend.run(monitor)
     except KeyboardInterrupt:
         console.print("llmtrain: interrupted; stopping every process of the job", markup=False)
         backend.stop()
+        console.print(f"llmtrain: {checkpoint_state(run_dir)}", markup=False, highlight=False)
         return EXIT_INTERRUPTED
     except PreemptRequest as e:
         return preempt(backend, monitor, cfg, str(e))
@@ -128,6 +142,21 @@ def launch(cfg: DictConfig) -> int:
         console.print(f"llmtrain: job finished; metrics in {os.path.join(run_dir, 'metrics.jsonl')}",
                       markup=False, highlight=False)
     return code
+
+
+def checkpoint_state(run_dir: str) -> str:
+    """After a stop: which checkpoint the workers saved on their way out, else the one a relaunch resumes from."""
+    from llmtrain.checkpoint import store
+    from llmtrain.launch.failures import rank_statuses
+
+    statuses = rank_statuses(run_dir)
+    steps = {s.get("step") for s in statuses.values() if s.get("status") == "preempted"}
+    path, _ = store.resolve_resume(run_dir, "auto")
+    if steps and path is not None and (store.read_meta(path) or {}).get("step") == max(steps):
+        return f"checkpoint step {max(steps)} saved in {path}; the same command resumes from it"
+    if path is not None:
+        return f"no checkpoint saved on the way out; the same command resumes from {path}"
+    return "no checkpoint saved; the same command starts from step 0"
 
 
 def preempt(backend, monitor, cfg: DictConfig, why: str) -> int:

@@ -39,8 +39,8 @@ class SlurmBackend(Backend):
                               ("cpus-per-task", c.cpus_per_node)):
             if value:
                 lines.append(f"#SBATCH --{option}={value}")
-        if c.gpus_per_node:
-            lines.append(f"#SBATCH --gpus-per-node={c.gpus_per_node}")
+        if self.gpus_per_node():
+            lines.append(f"#SBATCH --gpus-per-node={self.gpus_per_node()}")
         if c.requeue:
             lines.append("#SBATCH --requeue")
         lines += [f"#SBATCH {extra}" for extra in c.sbatch_extra]
@@ -59,6 +59,21 @@ class SlurmBackend(Backend):
                   'echo "llmtrain: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST (restart ${SLURM_RESTART_COUNT:-0})"',
                   f"srun --nodes={c.nnodes} --ntasks-per-node=1 --kill-on-bad-exit=1 {command}"]
         return "\n".join(lines) + "\n"
+
+    def gpus_per_node(self) -> int:
+        """cluster.gpus_per_node, else one GPU per process (none for a CPU job)."""
+        c = self.cfg.cluster
+        if c.gpus_per_node is not None:
+            return c.gpus_per_node
+        return 0 if self.cfg.device == "cpu" else c.nproc_per_node
+
+    def check_ready(self) -> None:
+        import shutil
+
+        for tool in ("sbatch", "scontrol"):
+            if shutil.which(tool) is None:
+                raise ConfigError("cluster.name", f"cluster=slurm but {tool} is not on PATH on this node (launch "
+                                                  "from a Slurm login node, or use cluster=local|ssh)")
 
     def preview(self) -> str:
         return f"sbatch script ({self.script_path()}), submitted with sbatch --parsable:\n{self.script()}"

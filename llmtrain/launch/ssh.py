@@ -13,6 +13,7 @@ import shlex
 import time
 import uuid
 
+from llmtrain.config.errors import ConfigError
 from llmtrain.launch import processes
 from llmtrain.launch.backend import Backend, NodeCommand, node_python, torchrun_argv, worker_env
 from llmtrain.launch.hostfile import cluster_hosts
@@ -45,6 +46,12 @@ def remote_command(cmd: NodeCommand, workdir: str) -> str:
 
 class SSHBackend(Backend):
     name = "ssh"
+
+    def check_ready(self) -> None:
+        import shutil
+
+        if shutil.which("ssh") is None:
+            raise ConfigError("cluster.name", "cluster=ssh but the ssh client is not on PATH on this node")
 
     def __init__(self, cfg, run_dir, worker_module="llmtrain.worker"):
         super().__init__(cfg, run_dir, worker_module)

@@ -128,6 +128,9 @@ class Trainer:
         self.samples_seen = 0
         self.tokens_seen = 0
         self.bad_steps = 0
+        # Training time of earlier launches of this run (from the checkpoint), and when this launch's began.
+        self.elapsed_before = 0.0
+        self.segment_start = time.perf_counter()
         self.state_bytes: dict[str, int] = {}
         self.saved_activations = SavedActivations(self.model.parameters())
         is_logger = self.rank == 0
@@ -142,14 +145,19 @@ class Trainer:
                                      if is_logger and cfg.logging.tensorboard else None)
 
     def resume(self) -> None:
-        restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+        restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         # A torchrun restart always continues from the newest complete checkpoint.
-        mode = "auto" if restarted else self.cfg.checkpoint.resume
+        mode = "auto" if restart else self.cfg.checkpoint.resume
         path, ignored = store.resolve_resume(self.run_dir, mode)
-        for info in ignored:
-            self.log(f"llmtrain: ignoring incomplete checkpoint {info.path} (its save did not finish)", flush=True)
+        if restart:  # otherwise the launcher has said which checkpoint it resumes and which it ignores
+            for info in ignored:
+                self.log(f"llmtrain: ignoring incomplete checkpoint {info.path} (its save did not finish)",
+                         flush=True)
+        prefix = f"restart {restart} of {self.cfg.launch.max_restarts}: " if restart else ""
         if path is not None:
-            self.ckpt.load(self, path)
+            self.ckpt.load(self, path, prefix)
+        elif restart:
+            self.log(f"llmtrain: {prefix}no complete checkpoint yet; starting again from step 0", flush=True)
 
     # ---- one optimizer step ------------------------------------------------------------------------------------
     def autocast(self):
@@ -319,6 +327,10 @@ class Trainer:
             return torch.cuda.max_memory_allocated(self.device) / 2**30
         return psutil.Process().memory_info().rss / 2**30
 
+    def elapsed_s(self) -> float:
+        """Training time of the whole run so far, over every launch that led to this state."""
+        return self.elapsed_before + time.perf_counter() - self.segment_start
+
     def train(self) -> None:
         t, m = self.cfg.train, self.cfg.model
         tokens_per_step = t.global_batch_size * m.seq_len
@@ -330,12 +342,15 @@ class Trainer:
             self.log(f"llmtrain: vocabulary padded {m.vocab_size} -> {padded} rows "
                      f"(model.vocab_pad_multiple={m.vocab_pad_multiple})", flush=True)
         window_start, window_tokens = time.perf_counter(), 0
-        run_start = time.perf_counter()
+        self.segment_start = time.perf_counter()
         last = min(t.max_steps, t.stop_at_step) if t.stop_at_step else t.max_steps
         first_step = self.step
         if first_step >= last:
             self.log(f"llmtrain: nothing to do: already at step {self.step} (train.max_steps={t.max_steps}"
                      + (f", train.stop_at_step={t.stop_at_step}" if t.stop_at_step else "") + ")", flush=True)
+            self.peak_memory.close()
+            self.metrics.close()
+            return
         while self.step < last:
             step_start = time.perf_counter()
             self.profiler.before_step(self.step + 1)
@@ -359,7 +374,7 @@ class Trainer:
                 window_start, window_tokens = now, 0
                 row = {"step": self.step, "loss": result.loss, "lr": lr_at(self.step - 1, t),
                        "grad_norm": result.grad_norm, "tokens_per_s": tokens_per_s, "step_time_s": step_time,
-                       "tokens": self.tokens_seen, "elapsed_s": now - run_start, "mem_gib": self.memory_gib()}
+                       "tokens": self.tokens_seen, "elapsed_s": self.elapsed_s(), "mem_gib": self.memory_gib()}
                 # Model FLOPs (no recompute) per device per second, and that over the device's dense peak.
                 row["tflops"] = self.flops_per_token * tokens_per_s / dist.get_world_size() / 1e12
                 row["mfu"] = row["tflops"] * 1e12 / self.peak_flops
@@ -387,8 +402,11 @@ class Trainer:
         self.ckpt.wait()
         self.peak_memory.close()
         self.metrics.close()
-        self.log(f"llmtrain: done, {self.step} steps, {self.tokens_seen:,} tokens in "
-                 f"{time.perf_counter() - run_start:.1f} s", flush=True)
+        this_launch = time.perf_counter() - self.segment_start
+        resumed = f" ({self.step - first_step} since resuming at step {first_step}, in {this_launch:.1f} s)" \
+            if first_step else ""
+        self.log(f"llmtrain: done, {self.step} steps, {self.tokens_seen:,} tokens in {self.elapsed_s():.1f} s"
+                 f"{resumed}", flush=True)
 
     def _check_bad_step(self, result: StepResult) -> None:
         if not result.skipped or self.scaler.enabled:

@@ -1,0 +1,56 @@
+"""torchrun's restarts (launch.max_restarts), told as they happen: which rank died, which restart this is.
+
+On each failure of its worker group torchrun logs the first worker that failed (`failed (exitcode: -9)
+local_rank: 1 ...`) in the node's agent log, and restarts the group while it has restarts left. Whether it restarts
+is not logged at its default level, so the n-th failure of a node counts as restart n up to launch.max_restarts;
+the failure after that is the job's end, which the launcher reports with the rank's log.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+
+from llmtrain.launch.follow import LineFollower
+
+_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+)")
+
+
+def describe_exit(code: int) -> str:
+    return f"signal {-code}" if code < 0 else f"exit code {code}"
+
+
+class RestartNotices:
+    """Follows every node's agent log (logs/node{N}.log) and turns each restarting failure into one line."""
+
+    def __init__(self, run_dir: str, nnodes: int, max_restarts: int):
+        self.pattern = os.path.join(run_dir, "logs", "node*.log")
+        self.nnodes = nnodes
+        self.max_restarts = max_restarts
+        # Agent logs are appended to by every launch: only what this launch adds counts.
+        self.followers = {path: LineFollower(path, from_end=True) for path in glob.glob(self.pattern)}
+        self.failures: dict[str, int] = {}  # log path -> failures seen
+
+    def poll(self) -> list[str]:
+        if not self.max_restarts:
+            return []
+        notices = []
+        for path in glob.glob(self.pattern):
+            follower = self.followers.setdefault(path, LineFollower(path))
+            for line in follower.new_lines():
+                failed = _FAILED.search(line)
+                if not failed:
+                    continue
+                number = self.failures[path] = self.failures.get(path, 0) + 1
+                if number <= self.max_restarts:
+                    notices.append(self._notice(path, int(failed.group(1)), int(failed.group(2)), number))
+        return notices
+
+    def _notice(self, path: str, code: int, local_rank: int, number: int) -> str:
+        node = os.path.basename(path)[len("node"):-len(".log")]
+        # Global ranks follow the node order only on one node (c10d rendezvous orders nodes as they join).
+        who = f"rank {local_rank} (local rank {local_rank})" if self.nnodes == 1 else \
+            f"local rank {local_rank} on node {node}"
+        return (f"llmtrain: {who} failed ({describe_exit(code)}); torchrun restarts the workers (restart "
+                f"{number} of {self.max_restarts}), which resume from the newest complete checkpoint")
