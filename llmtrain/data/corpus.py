@@ -365,7 +365,7 @@ def _load_tokenizer(path: str):
     try:
         from tokenizers import Tokenizer  # optional dependency, only for --tokenizer
     except ImportError:
-        raise DataError("--tokenizer", "needs the 'tokenizers' package: pip install tokenizers") from None
+        raise DataError("--tokenizer", "needs the 'tokenizers' package: pip install tokenizers (or llmtrain[data])") from None
     path = os.path.expanduser(os.fspath(path))
     if not os.path.isfile(path):
         raise DataError("--tokenizer", f"no such file: {path}")
