@@ -26,7 +26,7 @@ class ModelConfig:
     head_dim: Optional[int] = None
     dropout: float = 0.0
     init_std: float = 0.02
-    # A Hugging Face GPT-2 folder or safetensors export to start from (issue 4); null = random init.
+    # A Hugging Face GPT-2 folder or safetensors export to start from; null = random init.
     init_from: Optional[str] = None
 
 

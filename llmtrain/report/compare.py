@@ -41,7 +41,7 @@ def plot(a: dict[int, float], b: dict[int, float], names: tuple[str, str], path:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise ConfigError("--png", "the plot needs matplotlib: pip install matplotlib") from None
+        raise ConfigError("--png", "the plot needs matplotlib: pip install matplotlib (or llmtrain[plot])") from None
     common = sorted(set(a) & set(b))
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True, height_ratios=(3, 1))
     top.plot(sorted(a), [a[s] for s in sorted(a)], label=names[0])

@@ -134,7 +134,7 @@ def _pyplot():
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise ConfigError("report", "needs matplotlib: pip install matplotlib") from None
+        raise ConfigError("report", "needs matplotlib: pip install matplotlib (or llmtrain[plot])") from None
     return plt
 
 
