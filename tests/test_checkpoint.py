@@ -98,8 +98,9 @@ def test_model_shape_change_is_refused(uninterrupted, tmp_path):
     shutil.copytree(uninterrupted["dir"] / "dp2", run_dir)
     result = run_cli(["launch", f"run.dir={run_dir}", *BASE, "model.d_model=128", "train.max_steps=20"])
     assert result.returncode == 2
-    assert result.stderr.startswith("llmtrain: error: checkpoint.resume: model shape differs")
-    assert "model.d_model 64 -> 128" in result.stderr
+    # Another model shape is another run: refused, pointing to another run.dir or run.overwrite.
+    assert result.stderr.startswith("llmtrain: error: run.dir: model.d_model 64 -> 128 would start a new run")
+    assert "run.overwrite=true" in result.stderr
 
 
 def test_partial_checkpoint_is_ignored_and_corrupt_one_is_named(uninterrupted, tmp_path):

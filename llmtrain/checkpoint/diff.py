@@ -10,7 +10,7 @@ from llmtrain.checkpoint.store import CheckpointError
 SHAPE_KEYS = ("model.n_layers", "model.n_heads", "model.d_model", "model.vocab_size", "model.vocab_pad_multiple",
               "model.seq_len", "model.head_dim")
 # Keys expected to differ between attempts of the same run.
-IGNORED = ("checkpoint.resume", "cluster.master_port", "cluster.node_rank")
+IGNORED = ("checkpoint.resume", "cluster.master_port", "cluster.node_rank", "run.overwrite")
 
 
 def _flatten(cfg: DictConfig) -> dict[str, object]:

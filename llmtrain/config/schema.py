@@ -195,6 +195,8 @@ class NetworkConfig:
 class RunConfig:
     name: str = "run"
     dir: str = "runs/run"
+    # A launch that would start a different run in a used run.dir moves the earlier one to RUN_DIR/previous/.
+    overwrite: bool = False
 
 
 @dataclass

@@ -41,6 +41,10 @@ class Backend(abc.ABC):
         """What this node can tell before anything is written or started (tools on PATH, devices); raises
         ConfigError."""
 
+    def job_holding_run_dir(self) -> str | None:
+        """A job that keeps running after the launcher exits (a Slurm job id), which then holds the run dir."""
+        return None
+
     @abc.abstractmethod
     def node_commands(self) -> list[NodeCommand]:
         """The commands that start torchrun on each node (shown by --dry-run, run by launch)."""

@@ -1,4 +1,8 @@
-"""cluster=local: torchrun on this node (node_rank of nnodes; nnodes=1 is the usual case)."""
+"""cluster=local: torchrun on this node (node_rank of nnodes; nnodes=1 is the usual case).
+
+torchrun runs under the node agent, whose stdin is a pipe from this launcher: when the launcher dies (kill -9, a
+closed terminal) the pipe closes and the agent stops torchrun and every worker, so no job outlives its launcher.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ import socket
 
 from llmtrain.config.errors import ConfigError
 from llmtrain.launch import processes
-from llmtrain.launch.backend import Backend, NodeCommand, torchrun_argv, worker_env
+from llmtrain.launch.backend import Backend, NodeCommand, node_python, torchrun_argv, worker_env
 from llmtrain.launch.failures import report_failure
 
 
@@ -45,14 +49,15 @@ class LocalBackend(Backend):
         argv = torchrun_argv(self.cfg, self.run_dir, c.nnodes, c.node_rank if c.nnodes > 1 else None,
                              f"{c.master_addr}:{self.port}", rdzv_id=f"llmtrain-{self.port}",
                              worker_module=self.worker_module)
-        return [NodeCommand(host="localhost", node_rank=c.node_rank, argv=argv, env=worker_env(self.cfg))]
+        agent = [node_python(self.cfg), "-m", "llmtrain.launch.node_agent", self.run_dir, str(c.node_rank), "--"]
+        return [NodeCommand(host="localhost", node_rank=c.node_rank, argv=agent + argv, env=worker_env(self.cfg))]
 
     def run(self, monitor) -> int:
         cmd = self.node_commands()[0]
         env = dict(cmd.env, TMPDIR=os.path.join(self.run_dir, "tmp"))
         os.makedirs(env["TMPDIR"], exist_ok=True)
         log = os.path.join(self.run_dir, "logs", f"node{cmd.node_rank}.log")
-        self.proc = processes.start(cmd.argv, env, log, on_line=self.output.append)
+        self.proc = processes.start(cmd.argv, env, log, on_line=self.output.append, stdin_pipe=True)
         code = self.follow(monitor)
         if code != 0:
             report_failure(monitor.console, self.run_dir, "".join(self.output), code,
@@ -68,4 +73,8 @@ class LocalBackend(Backend):
 
     def stop(self) -> None:
         if self.proc is not None:
+            try:
+                self.proc.stdin.close()  # the agent stops its tree; stop_tree makes sure of it
+            except (OSError, ValueError):
+                pass
             processes.stop_tree(self.proc, grace_s=10.0)

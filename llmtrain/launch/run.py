@@ -13,8 +13,10 @@ from rich.table import Table
 from llmtrain.config import to_yaml
 from llmtrain.config.errors import ConfigError
 from llmtrain.console import fold_table, get_console
+from llmtrain.launch import run_identity
 from llmtrain.launch.backend import get_backend
 from llmtrain.launch.monitor import Monitor
+from llmtrain.launch.run_lock import RunDirLock
 from llmtrain.parallel.layout import ParallelDims
 
 EXIT_INTERRUPTED = 130
@@ -85,13 +87,20 @@ def check_resume(cfg: DictConfig, console: Console) -> None:
 
     run_dir = os.path.abspath(cfg.run.dir)
     path, ignored = store.resolve_resume(run_dir, cfg.checkpoint.resume)
+    old = None
+    if path is not None:
+        store.verify(path)
+        old = load_run_config(os.path.join(path, "config.yaml"))
+    why, aside = run_identity.conflict(cfg, run_dir, path, old)
+    if why:
+        console.print(f"llmtrain: {run_identity.refuse_or_move_aside(cfg, run_dir, why, aside)}", markup=False,
+                      highlight=False)
+        path, ignored = store.resolve_resume(run_dir, cfg.checkpoint.resume)
     for info in ignored:
         console.print(f"llmtrain: ignoring incomplete checkpoint {info.path} (its save did not finish)",
                       markup=False, highlight=False)
     if path is None:
         return
-    store.verify(path)
-    old = load_run_config(os.path.join(path, "config.yaml"))
     probe = cfg.copy()
     probe.run.dir = run_dir
     diff = check_resumable(old, probe, path)
@@ -106,19 +115,32 @@ def launch(cfg: DictConfig) -> int:
     run_dir = cfg.run.dir = os.path.abspath(cfg.run.dir)
     backend = get_backend(cfg, run_dir)
     backend.check_ready()  # missing tools or devices: refused before anything is written
-    check_resume(cfg, console)
-    prepare_data(cfg)
     existed = os.path.isdir(run_dir)
+    lock = RunDirLock(run_dir)
     try:
-        prepare_run_dir(cfg)
+        took_over = lock.acquire()
     except OSError as e:
         raise ConfigError("run.dir", f"cannot write the run directory {run_dir}: {e.strerror or e}") from None
     try:
+        if took_over:
+            console.print(f"llmtrain: {took_over}", markup=False, highlight=False)
+        check_resume(cfg, console)
+        prepare_data(cfg)
+        try:
+            prepare_run_dir(cfg)
+        except OSError as e:
+            raise ConfigError("run.dir", f"cannot write the run directory {run_dir}: {e.strerror or e}") from None
         return _run(cfg, backend, console)
-    except ConfigError:  # refused at submission (e.g. by sbatch): leave no run directory behind
+    except ConfigError:  # refused before the job started (a conflict, sbatch): leave no new run directory
+        lock.release()
         if not existed:
             shutil.rmtree(run_dir, ignore_errors=True)
         raise
+    finally:
+        job = backend.job_holding_run_dir()
+        if job:
+            lock.hand_to_job(job)
+        lock.release()
 
 
 def _run(cfg: DictConfig, backend, console) -> int:

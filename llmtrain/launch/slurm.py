@@ -75,6 +75,12 @@ class SlurmBackend(Backend):
                 raise ConfigError("cluster.name", f"cluster=slurm but {tool} is not on PATH on this node (launch "
                                                   "from a Slurm login node, or use cluster=local|ssh)")
 
+    def job_holding_run_dir(self) -> str | None:
+        if self.job_id is None:
+            return None
+        state = self.job_state()[0]
+        return None if state in FINAL_STATES or state == "UNKNOWN" else self.job_id
+
     def preview(self) -> str:
         return f"sbatch script ({self.script_path()}), submitted with sbatch --parsable:\n{self.script()}"
 

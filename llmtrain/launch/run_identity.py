@@ -1,0 +1,75 @@
+"""A run directory holds one run. A launch that would start a different run in a used directory is refused, or,
+with run.overwrite=true, the earlier run is moved aside into RUN_DIR/previous/<time>/ (nothing is deleted).
+
+A different run: checkpoint.resume=none over existing checkpoints; resuming with another model shape or seed; a
+checkpoint of another run directory resumed into this one; or rolling back to a checkpoint older than the newest
+(the newer ones are what would be moved aside, since the run's later saves and pruning would mix with them).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+
+from omegaconf import DictConfig
+
+from llmtrain.checkpoint import store
+from llmtrain.checkpoint.diff import SHAPE_KEYS, config_diff
+from llmtrain.config.errors import ConfigError
+
+PREVIOUS = "previous"
+IDENTITY_KEYS = SHAPE_KEYS + ("train.seed",)
+# What a run leaves in its directory besides checkpoints; moved aside with them.
+RUN_FILES = ("config.yaml", "metrics.jsonl", "logs", "tensorboard", "report", "profile", "slurm")
+
+
+def conflict(cfg: DictConfig, run_dir: str, resume_path: str | None, old_cfg: DictConfig | None) -> tuple[str, list]:
+    """(why this launch would start a different run, the checkpoints to move aside), or ("", [])."""
+    newest, _ = store.latest_complete(run_dir)
+    if newest is None:
+        return "", []
+    every = [i.path for i in store.list_checkpoints(run_dir)]
+    if resume_path is None:
+        return (f"checkpoint.resume=none would start a new run in {run_dir}, which holds the run saved in "
+                f"{newest.path}"), every
+    inside = os.path.dirname(os.path.abspath(resume_path)) == store.checkpoints_dir(run_dir)
+    if not inside:
+        return (f"{resume_path} belongs to another run directory, and {run_dir} holds its own run (newest "
+                f"{newest.path})"), every
+    step = (store.read_meta(resume_path) or {}).get("step", 0)
+    # Partial saves (.tmp) newer than it are ignored as ever; only complete checkpoints would be superseded.
+    newer = [i.path for i in store.list_checkpoints(run_dir) if i.complete and i.step > step]
+    if newer:
+        return (f"resuming from step {step} in {run_dir}, which holds newer checkpoints "
+                f"({', '.join(os.path.basename(p) for p in newer)})"), newer
+    if old_cfg is not None and resume_path == newest.path:
+        changed = [(k, a, b) for k, a, b in config_diff(old_cfg, cfg) if k in IDENTITY_KEYS]
+        if changed:
+            what = ", ".join(f"{k} {a} -> {b}" for k, a, b in changed)
+            return f"{what} would start a new run in {run_dir}, which holds the run saved in {newest.path}", every
+    return "", []
+
+
+def refuse_or_move_aside(cfg: DictConfig, run_dir: str, why: str, checkpoints: list[str]) -> str:
+    """Raise ConfigError naming the ways forward, or (run.overwrite=true) move the earlier run aside and say
+    where. Only the given checkpoints move (a rollback keeps the one it resumes); the run's files move whole."""
+    if not cfg.run.overwrite:
+        raise ConfigError("run.dir", f"{why}; use another run.dir, or run.overwrite=true to move the earlier run "
+                                     f"aside into {os.path.join(run_dir, PREVIOUS)}/ (nothing is deleted)")
+    dest = os.path.join(run_dir, PREVIOUS, time.strftime("%Y%m%d-%H%M%S"))
+    while os.path.exists(dest):
+        dest += "+"
+    os.makedirs(os.path.join(dest, "checkpoints"))
+    for path in checkpoints:
+        os.rename(path, os.path.join(dest, "checkpoints", os.path.basename(path)))
+    everything = not store.list_checkpoints(run_dir)
+    for name in RUN_FILES:
+        src = os.path.join(run_dir, name)
+        if not os.path.exists(src):
+            continue
+        if everything:
+            os.rename(src, os.path.join(dest, name))
+        elif name == "metrics.jsonl":
+            shutil.copy2(src, os.path.join(dest, name))  # a rollback keeps its history up to the step it resumes
+    return f"run.overwrite=true: moved the earlier run ({len(checkpoints)} checkpoint(s)) to {dest}"
