@@ -165,3 +165,32 @@ def test_slurm_killed_rank_is_named_from_the_job_log(cluster, tmp_path):  # noqa
     # Rank 0 only lost its peer and recorded an error; the rank killed by the signal is the one named.
     assert re.search(r"rank 1 \(host \S+, local rank 0\) failed \(signal 9\)", out), out[-3000:]
     assert wait_for(lambda: not node_processes(run_dir), timeout=60), node_processes(run_dir)
+
+
+def test_slurm_job_holds_the_run_dir_after_its_launcher_exits(cluster, tmp_path):  # noqa: F811
+    run_dir = tmp_path / "run"
+    env = {**os.environ, **cluster.env}
+    submitted = run_cli(["launch", f"run.dir={run_dir}", *COMMON, "train.max_steps=100000", "cluster=slurm",
+                         "cluster.gpus_per_node=0", "cluster.time=null", "cluster.requeue=false"], env=cluster.env)
+    assert submitted.returncode == 0, submitted.stdout[-2000:] + submitted.stderr[-2000:]
+    job = re.search(r"submitted Slurm job (\d+)", submitted.stdout)[1]
+    try:
+        # The launcher is gone; the job holds the run directory, and a second launch is refused naming it.
+        second = run_cli(["launch", f"run.dir={run_dir}", *COMMON, "cluster.nnodes=1", "cluster.nproc_per_node=2"],
+                         env=cluster.env)
+        assert second.returncode == 2 and f"is in use by Slurm job {job}" in second.stderr, second.stderr
+    finally:
+        subprocess.run(["scancel", job], env=env, capture_output=True)
+
+    def ended():
+        out = subprocess.run(["scontrol", "show", "job", job], env=env, capture_output=True, text=True).stdout
+        return "JobState=PENDING" not in out and "JobState=RUNNING" not in out and "COMPLETING" not in out
+
+    assert wait_for(ended, timeout=120)
+    assert wait_for(lambda: not node_processes(run_dir), timeout=60), node_processes(run_dir)
+    # Once the job has ended its lock is stale: the next launch takes it over and says whose it was.
+    third = run_cli(["launch", f"run.dir={run_dir}", *COMMON, "cluster.nnodes=1", "cluster.nproc_per_node=2",
+                     "train.max_steps=100000", "train.stop_at_step=1", "checkpoint.resume=none",
+                     "run.overwrite=true"], env=cluster.env)
+    assert third.returncode == 0, third.stdout[-2000:] + third.stderr[-2000:]
+    assert f"took over the lock of Slurm job {job}" in third.stdout
