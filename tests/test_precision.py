@@ -69,12 +69,14 @@ def test_consecutive_nonfinite_steps_stop_with_last_good_checkpoint(tmp_path):
     log = (run_dir / "logs" / "rank0.log").read_text()
     assert "step 4: non-finite loss/gradients on rank(s) [0]" in log
     assert "3 consecutive non-finite steps" in result.stdout + log
-    # Saved at step 2 and 4 (step 4 itself was skipped), stopped at step 6 before its checkpoint.
+    # Saved at step 2; step 4's save is skipped (step 4 was non-finite, so no state after it is saved), and the
+    # run stopped at step 6: the step-2 checkpoint is the last good state.
     ckpts = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
-    assert ckpts == ["step-0000002", "step-0000004"]
+    assert ckpts == ["step-0000002"]
+    assert "step 4: not saving a checkpoint" in log
     newest = run_dir / "checkpoints" / ckpts[-1]
     assert json.loads((newest / "meta.json").read_text())["complete"]
-    assert optimizer_steps(newest) == {3.0}  # steps 1-3 updated; the bad step 4 did not
+    assert optimizer_steps(newest) == {2.0}
 
 
 @pytest.mark.parametrize("layout", [["parallel.tp=2"], ["parallel.pp=2"]], ids=["tp2", "pp2"])

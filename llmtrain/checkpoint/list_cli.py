@@ -1,30 +1,43 @@
-"""`llmtrain ckpt list RUN_DIR`: every checkpoint with its step, state, size and the layout it was saved with."""
+"""`llmtrain ckpt list RUN_DIR`: every checkpoint with its step, state, size and the layout it was saved with.
+
+The state comes from the launcher's checks short of the CRC32 (which reads every byte): meta.json, DCP's
+.metadata, and every file of the manifest present with the size it was written with.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 
 from llmtrain.checkpoint import store
 from llmtrain.console import fold_table, get_console
+
+CHECKS = "checked: meta.json, .metadata, each file present with its written size (launch also checks CRC32s)"
 
 
 def add_list_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (run.dir)")
 
 
-def run_list(args) -> int:
-    import os
+def state(info: store.CheckpointInfo) -> str:
+    if info.partial:
+        return "incomplete (.tmp: save did not finish)"
+    if info.corrupt:
+        return f"corrupt ({store.META} missing or unreadable)"
+    problem = store.check(info)
+    return f"corrupt ({problem})" if problem else "complete"
 
+
+def run_list(args) -> int:
     if not os.path.isdir(args.run_dir):
         raise store.CheckpointError("RUN_DIR", f"no such run directory: {args.run_dir}")
     infos = store.list_checkpoints(args.run_dir)
-    table = fold_table(f"checkpoints of {args.run_dir}")
+    table = fold_table(f"checkpoints of {args.run_dir}", caption=CHECKS, caption_justify="left")
     for col in ("step", "state", "size", "layout", "path"):
         table.add_column(col, justify="right" if col in ("step", "size") else "left")
     for info in infos:
         layout = info.meta.get("layout", {}) if info.meta else {}
         shown = " ".join(f"{k}={layout[k]}" for k in ("dp", "tp", "pp", "zero", "world_size") if k in layout)
-        table.add_row(str(info.step), "complete" if info.complete else "incomplete (ignored)",
-                      f"{info.size_bytes / 2**20:.1f} MiB", shown or "-", info.path)
+        table.add_row(str(info.step), state(info), f"{info.size_bytes / 2**20:.1f} MiB", shown or "-", info.path)
     get_console().print(table if infos else f"no checkpoints in {store.checkpoints_dir(args.run_dir)}")
     return 0

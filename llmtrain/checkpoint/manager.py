@@ -8,6 +8,8 @@ stored under the embedding's name, so a checkpoint looks the same whichever stag
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import shutil
 import time
@@ -16,6 +18,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from omegaconf import DictConfig
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.tensor import DTensor
 
 from llmtrain.checkpoint import store
 from llmtrain.config import to_yaml
@@ -30,6 +34,51 @@ def _layout(cfg: DictConfig) -> dict:
             "world_size": cfg.cluster.nnodes * cfg.cluster.nproc_per_node}
 
 
+def _free_bytes(path: str) -> int | None:
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def _local_bytes(state: dict) -> int:
+    """Bytes this rank writes for `state` (its own shards)."""
+    total = 0
+    for value in state.values():
+        if isinstance(value, dict):
+            total += _local_bytes(value)
+        elif torch.is_tensor(value):
+            t = value.to_local() if isinstance(value, DTensor) else value
+            total += t.numel() * t.element_size()
+    return total
+
+
+def _out_of_space(e: BaseException, folder: str, size: int) -> bool:
+    if _disk_full(e):
+        return True
+    if isinstance(e, (KeyboardInterrupt, SystemExit)):
+        return False
+    free = _free_bytes(folder)
+    return free is not None and free < size
+
+
+def _disk_full(e: BaseException | None) -> bool:
+    """Whether `e` (or what it wraps: DCP gathers every rank's failure into one CheckpointException) is ENOSPC."""
+    seen, todo = set(), [e]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            return True
+        if isinstance(e, CheckpointException):
+            todo += [f[0] if isinstance(f, tuple) else f for f in e.failures.values()]
+        todo += [e.__cause__, e.__context__]
+    return False
+
+
 class CheckpointManager:
     def __init__(self, cfg: DictConfig, run_dir: str, log):
         self.cfg = cfg
@@ -39,7 +88,24 @@ class CheckpointManager:
         # Saves (async ones finish in a background thread) get their own gloo group, so their collectives never
         # interleave with training's on the default group.
         self.group = dist.new_group(backend="gloo")
-        self.pending = None  # (future, tmp_path, step, elapsed_s, t0)
+        self.pending = None  # (future, tmp_path, step, elapsed_s, t0, bytes this rank writes)
+        self.saved: tuple[str, int] | None = None  # (path, step) of the newest checkpoint loaded or saved
+        if self.rank == 0:
+            self._remove_partials()
+
+    def _remove_partials(self) -> None:
+        """A launch starts with no save in flight, so every .tmp folder is the leftover of a killed save."""
+        removed = store.remove_partials(self.run_dir)
+        if removed:
+            self.log(f"llmtrain: removed {len(removed)} partial checkpoint folder(s) left by saves that did not "
+                     f"finish: {', '.join(os.path.basename(p) for p in removed)}", flush=True)
+
+    @property
+    def last_good(self) -> tuple[str, int] | None:
+        """(path, step) of the newest checkpoint of this run: loaded, saved, or being saved in the background."""
+        if self.pending is not None:
+            return self.pending[1][: -len(".tmp")], self.pending[2]
+        return self.saved
 
     # ---- state -----------------------------------------------------------------------------------------------
     def state_dict(self, trainer, for_load: bool = False, include_rng: bool = True) -> dict:
@@ -79,13 +145,30 @@ class CheckpointManager:
         state = self.state_dict(trainer)
         elapsed = trainer.elapsed_s()
         t0 = time.perf_counter()
-        if asynchronous:
-            future = dcp.async_save(state, checkpoint_id=tmp, process_group=self.group)
-            self.pending = (future, tmp, step, elapsed, t0)
-            self.log(f"llmtrain: checkpoint step {step}: saving in the background", flush=True)
-        else:
-            dcp.save(state, checkpoint_id=tmp, process_group=self.group)
-            self._finalize(tmp, step, elapsed, t0)
+        size = _local_bytes(state)
+        with self._one_line_if_disk_full(tmp, step, size):
+            if asynchronous:
+                future = dcp.async_save(state, checkpoint_id=tmp, process_group=self.group)
+                self.pending = (future, tmp, step, elapsed, t0, size)
+                self.log(f"llmtrain: checkpoint step {step}: saving in the background", flush=True)
+            else:
+                dcp.save(state, checkpoint_id=tmp, process_group=self.group)
+                self._finalize(tmp, step, elapsed, t0)
+
+    @contextlib.contextmanager
+    def _one_line_if_disk_full(self, tmp: str, step: int, size: int):
+        """A full disk is one clear line (for the rank's status), not DCP's per-rank tracebacks; the partial
+        folder goes (DCP has gathered every rank's failure, so no rank still writes into it), the previous
+        checkpoint stays. torch.save's zip writer reports a full disk as a bare "unexpected pos" RuntimeError,
+        so a failed save with less room left than this rank's part also counts."""
+        try:
+            yield
+        except BaseException as e:
+            if not _out_of_space(e, os.path.dirname(tmp), size):
+                raise
+            if self.rank == 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise RuntimeError(f"no space left on device writing checkpoint step {step} at {tmp}") from None
 
     def poll(self) -> None:
         """At a step boundary: finalize an async save once every rank's part is written."""
@@ -100,10 +183,11 @@ class CheckpointManager:
     def wait(self) -> None:
         if self.pending is None:
             return
-        future, tmp, step, elapsed, t0 = self.pending
+        future, tmp, step, elapsed, t0, size = self.pending
         self.pending = None
-        future.result()  # re-raises a failed write
-        self._finalize(tmp, step, elapsed, t0)
+        with self._one_line_if_disk_full(tmp, step, size):
+            future.result()  # re-raises a failed write
+            self._finalize(tmp, step, elapsed, t0)
 
     def _finalize(self, tmp: str, step: int, elapsed: float, t0: float) -> None:
         # Complete only when every rank has written its part: then rank 0 seals the folder.
@@ -117,11 +201,12 @@ class CheckpointManager:
                                          "elapsed_s": round(elapsed, 3),
                                          "model": {k: self.cfg.model[k] for k in self.cfg.model}})
             size = sum(v["bytes"] for v in store.read_meta(final)["files"].values())
-            removed = store.prune(self.run_dir, self.cfg.checkpoint.keep)
+            removed = store.prune(self.run_dir, self.cfg.checkpoint.keep, protect=final)
             self.log(f"llmtrain: saved checkpoint step {step} -> {final} ({size / 2**20:.1f} MiB, "
                      f"{time.perf_counter() - t0:.1f} s)" + (f"; removed {len(removed)} old" if removed else ""),
                      flush=True)
         dist.barrier(group=self.group)
+        self.saved = (tmp[: -len(".tmp")], step)
 
     @torch.no_grad()
     def _restore_tied_copy(self, trainer) -> None:
@@ -154,6 +239,7 @@ class CheckpointManager:
         trainer.scaler.load_state_dict(extra["scaler"])
         trainer.elapsed_before = float(meta.get("elapsed_s", 0.0))
         self._restore_tied_copy(trainer)
+        self.saved = (path, trainer.step)
         if same_layout:
             torch.set_rng_state(state["rng"][f"rank{self.rank}"])
         else:

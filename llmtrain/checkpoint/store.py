@@ -2,8 +2,8 @@
 
 A checkpoint is RUN_DIR/checkpoints/step-NNNNNNN/ holding the DCP shard files, config.yaml and meta.json. It is
 written as step-NNNNNNN.tmp/ and renamed only after every rank finished writing and meta.json (with each file's
-size and CRC32) is on disk, so a folder without the .tmp suffix is complete by construction; a crash mid-save
-leaves only a .tmp folder, which resume ignores (and says so).
+size and CRC32) is on disk. A crash mid-save leaves only a .tmp folder, which resume ignores (and says so); a folder
+without the suffix finished its save, so one whose meta.json is missing or whose files disagree with it is corrupt.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from llmtrain.config.errors import ConfigError
 
 CHECKPOINTS = "checkpoints"
 META = "meta.json"
+DCP_METADATA = ".metadata"
 _NAME = re.compile(r"^step-(\d{7,})(\.tmp)?$")
 
 
@@ -40,6 +41,12 @@ class CheckpointInfo:
     step: int
     complete: bool
     meta: dict | None
+    partial: bool = False  # a .tmp folder: its save did not finish
+
+    @property
+    def corrupt(self) -> bool:
+        """Renamed from .tmp (so its save finished), yet without a readable meta.json."""
+        return not self.partial and self.meta is None
 
     @property
     def size_bytes(self) -> int:
@@ -62,9 +69,9 @@ def list_checkpoints(run_dir: str) -> list[CheckpointInfo]:
         path = os.path.join(base, name)
         if not match or not os.path.isdir(path):
             continue
-        meta = read_meta(path)
-        complete = match.group(2) is None and meta is not None
-        infos.append(CheckpointInfo(path, int(match.group(1)), complete, meta))
+        partial = match.group(2) is not None
+        meta = None if partial else read_meta(path)
+        infos.append(CheckpointInfo(path, int(match.group(1)), meta is not None, meta, partial))
     return sorted(infos, key=lambda i: (i.step, i.complete))
 
 
@@ -77,12 +84,28 @@ def read_meta(path: str) -> dict | None:
 
 
 def latest_complete(run_dir: str) -> tuple[CheckpointInfo | None, list[CheckpointInfo]]:
-    """The newest complete checkpoint, and the incomplete ones newer than it (to report as ignored)."""
+    """The newest complete checkpoint, and the partial (.tmp) ones newer than it (to report as ignored)."""
     infos = list_checkpoints(run_dir)
     complete = [i for i in infos if i.complete]
     latest = complete[-1] if complete else None
-    ignored = [i for i in infos if not i.complete and (latest is None or i.step >= latest.step)]
+    ignored = [i for i in infos if i.partial and (latest is None or i.step >= latest.step)]
     return latest, ignored
+
+
+def newest_usable(run_dir: str) -> tuple[CheckpointInfo | None, list[CheckpointInfo]]:
+    """latest_complete, refusing a corrupt folder newer than the newest complete one: resuming an older state
+    instead would silently drop (and later overwrite) the run's newest save."""
+    latest, ignored = latest_complete(run_dir)
+    newer = [i for i in list_checkpoints(run_dir) if i.corrupt and (latest is None or i.step > latest.step)]
+    if newer:
+        raise corrupt_error(newer[-1].path)
+    return latest, ignored
+
+
+def corrupt_error(path: str) -> CheckpointError:
+    return CheckpointError(path, f"corrupt checkpoint: {META} is missing or unreadable, though the folder was "
+                                 "renamed from .tmp (its save finished); move the folder away to resume from an "
+                                 "earlier checkpoint")
 
 
 def checkpoint_or_newest(path: str) -> tuple[str, bool]:
@@ -100,17 +123,19 @@ def checkpoint_or_newest(path: str) -> tuple[str, bool]:
                      or _NAME.match(os.path.basename(os.path.normpath(path))) is not None)
     if is_checkpoint and not has_checkpoints:
         return path, False
-    latest, ignored = latest_complete(path)
+    latest, _ = latest_complete(path)
     if latest is None:
+        unusable = list_checkpoints(path)
         if not has_checkpoints:
             detail = f"{checkpoints_dir(path)} does not exist, and {path} is not a checkpoint folder either"
-        elif ignored:
-            names = ", ".join(os.path.basename(i.path) + ("" if i.path.endswith(".tmp") else " (no meta.json)")
-                              for i in ignored)
+        elif unusable:
+            names = ", ".join(os.path.basename(i.path) + ("" if i.partial else " (no meta.json)")
+                              for i in unusable)
             detail = f"{checkpoints_dir(path)} holds only incomplete ones: {names}"
         else:
             detail = f"{checkpoints_dir(path)} holds no step-NNNNNNN folder"
         raise CheckpointError(path, f"run directory without a complete checkpoint ({detail})")
+    latest, _ = newest_usable(path)  # a corrupt newer folder is an error, not a reason to fall back
     return latest.path, True
 
 
@@ -119,14 +144,18 @@ def resolve_resume(run_dir: str, resume: str) -> tuple[str | None, list[Checkpoi
     if resume == "none":
         return None, []
     if resume == "auto":
-        latest, ignored = latest_complete(run_dir)
+        latest, ignored = newest_usable(run_dir)
         return (latest.path if latest else None), ignored
     path = os.path.abspath(os.path.expanduser(resume))
     if not os.path.isdir(path):
         raise CheckpointError("checkpoint.resume", f"no such checkpoint folder: {resume}")
-    if path.endswith(".tmp") or read_meta(path) is None:
-        raise CheckpointError("checkpoint.resume", f"{resume} is not a complete checkpoint (no {META}; the save "
-                                                   "did not finish)")
+    if path.endswith(".tmp"):
+        raise CheckpointError("checkpoint.resume", f"{resume} is not a complete checkpoint (its save did not "
+                                                   "finish)")
+    if read_meta(path) is None:
+        if _NAME.match(os.path.basename(path)):
+            raise corrupt_error(path)
+        raise CheckpointError("checkpoint.resume", f"{resume} is not a complete checkpoint (no {META})")
     return path, []
 
 
@@ -147,6 +176,8 @@ def verify(path: str, crc: bool = True) -> dict:
     meta = read_meta(path)
     if meta is None:
         raise CheckpointError(path, f"missing or unreadable {META}: not a complete checkpoint")
+    if not os.path.isfile(os.path.join(path, DCP_METADATA)):
+        raise CheckpointError(os.path.join(path, DCP_METADATA), "DCP's index of the shards is missing")
     for name, expect in meta.get("files", {}).items():
         full = os.path.join(path, name)
         if not os.path.isfile(full):
@@ -177,20 +208,49 @@ def finalize(tmp_path: str, meta: dict) -> str:
     return final
 
 
-def prune(run_dir: str, keep: int) -> list[str]:
-    """Delete all but the newest `keep` complete checkpoints, and partial ones older than the newest complete."""
+def prune(run_dir: str, keep: int, protect: str | None = None) -> list[str]:
+    """Delete all but the newest `keep` complete checkpoints, and partial ones older than the newest complete.
+
+    `protect` (the checkpoint just saved) is always kept and counts towards `keep`: a run directory can hold
+    higher steps from an earlier attempt, which must not push the run's own newest save out. Corrupt folders
+    are left for the user to look at."""
     infos = list_checkpoints(run_dir)
     complete = [i for i in infos if i.complete]
-    removed = []
+    doomed = _beyond_keep(complete, keep, protect) if keep else []
     newest = complete[-1].step if complete else None
-    for info in complete[:-keep] if keep else []:
+    doomed += [i for i in infos if i.partial and newest is not None and i.step < newest]
+    for info in doomed:
         shutil.rmtree(info.path, ignore_errors=True)
-        removed.append(info.path)
-    for info in infos:
-        if not info.complete and newest is not None and info.step < newest:
-            shutil.rmtree(info.path, ignore_errors=True)
-            removed.append(info.path)
-    return removed
+    return [i.path for i in doomed]
+
+
+def _beyond_keep(complete: list[CheckpointInfo], keep: int, protect: str | None) -> list[CheckpointInfo]:
+    """The complete checkpoints (oldest first) that `keep` leaves out, never `protect`."""
+    protect = os.path.normpath(protect) if protect else None
+    others = [i for i in complete if os.path.normpath(i.path) != protect]
+    slots = keep - (len(others) < len(complete))
+    return others[: max(0, len(others) - slots)]
+
+
+def remove_partials(run_dir: str) -> list[str]:
+    """Delete every .tmp folder: only safe while no save is in flight (when a launch starts)."""
+    doomed = [i.path for i in list_checkpoints(run_dir) if i.partial]
+    for path in doomed:
+        shutil.rmtree(path, ignore_errors=True)
+    return doomed
+
+
+def check(info: CheckpointInfo) -> str | None:
+    """Why a checkpoint folder cannot be resumed, or None: the launcher's checks short of the CRC32 (meta.json,
+    DCP's .metadata, every file of the manifest present with its size)."""
+    if info.partial:
+        return None
+    try:
+        verify(info.path, crc=False)
+    except CheckpointError as e:
+        where = os.path.relpath(e.key, info.path)
+        return e.message if where == "." else f"{where}: {e.message}"
+    return None
 
 
 def _crc32(path: str) -> int:

@@ -128,6 +128,7 @@ class Trainer:
         self.samples_seen = 0
         self.tokens_seen = 0
         self.bad_steps = 0
+        self.bad_since: int | None = None  # first step of the open streak of non-finite (skipped) steps
         # Training time of earlier launches of this run (from the checkpoint), and when this launch's began.
         self.elapsed_before = 0.0
         self.segment_start = time.perf_counter()
@@ -390,15 +391,15 @@ class Trainer:
                 self.log(f"step {self.step:>6}/{t.max_steps} | val_loss {val_loss:.4f}", flush=True)
             self.ckpt.poll()
             if self.preempt.agreed():
-                self.log(f"llmtrain: preemption signal received; checkpointing at step {self.step}", flush=True)
-                self.ckpt.save(self, asynchronous=False)
+                self.log(f"llmtrain: preemption signal received at step {self.step}", flush=True)
+                saved = self.save_checkpoint(asynchronous=False)
                 self.metrics.close()
-                raise Preempted(self.step)
+                raise self._preempted(saved)
             interval = self.cfg.checkpoint.interval
             if interval and self.step % interval == 0 and self.step < last:
-                self.ckpt.save(self, asynchronous=self.cfg.checkpoint["async"])
+                self.save_checkpoint(asynchronous=self.cfg.checkpoint["async"])
         if self.step > first_step and (self.cfg.checkpoint.at_end or self.step < t.max_steps):
-            self.ckpt.save(self, asynchronous=False)
+            self.save_checkpoint(asynchronous=False)
         self.ckpt.wait()
         self.peak_memory.close()
         self.metrics.close()
@@ -409,11 +410,60 @@ class Trainer:
                  f"{resumed}", flush=True)
 
     def _check_bad_step(self, result: StepResult) -> None:
+        # fp16 overflows are the loss scaler's normal work (weights and moments untouched): not a bad streak.
         if not result.skipped or self.scaler.enabled:
-            self.bad_steps = 0 if not result.skipped else self.bad_steps
+            if not result.skipped:
+                self.bad_steps, self.bad_since = 0, None
             return
         self.bad_steps += 1
+        self.bad_since = self.bad_since or self.step
         if self.bad_steps >= self.cfg.train.max_bad_steps:
             raise RuntimeError(f"{self.bad_steps} consecutive non-finite steps (train.max_bad_steps="
-                               f"{self.cfg.train.max_bad_steps}); stopping at step {self.step} without saving: "
-                               "the newest checkpoint is the last good state")
+                               f"{self.cfg.train.max_bad_steps}); stopping at step {self.step} without saving; "
+                               f"{self._last_good_state()}")
+
+    def _last_good_state(self) -> str:
+        """Which checkpoint to go back to after a bad streak. Skipped steps leave the weights as they were, so a
+        checkpoint of the step right before the streak holds the very weights every step of it failed from."""
+        good = self.ckpt.last_good
+        if good is None:
+            return "no checkpoint of this run was saved before these steps"
+        path, step = good
+        if step == self.bad_since - 1:
+            return (f"the newest checkpoint {path} holds the weights all these steps failed from (a skipped step "
+                    "leaves them unchanged), so resume an earlier one")
+        return f"the last good checkpoint is {path}"
+
+    def save_checkpoint(self, asynchronous: bool) -> bool:
+        """Save unless the state may be poisoned: never after a non-finite step (the streak may not be over),
+        never with non-finite parameters. Every rank takes the same decision. Returns whether it saved."""
+        why = self._unsafe_to_save()
+        if why:
+            good = self.ckpt.last_good
+            where = f"the last good checkpoint is {good[0]}" if good else "this run has no earlier checkpoint"
+            self.log(f"llmtrain: step {self.step}: not saving a checkpoint: {why} ({where})", flush=True)
+            return False
+        self.ckpt.save(self, asynchronous=asynchronous)
+        return True
+
+    def _unsafe_to_save(self) -> str | None:
+        if self.bad_since is not None:  # the same on every rank: decided by the all-reduced flags
+            return (f"steps {self.bad_since}-{self.step} were non-finite" if self.bad_since < self.step
+                    else f"step {self.step} was non-finite")
+        if not self._params_finite():
+            return "the model parameters hold inf/NaN"
+        return None
+
+    @torch.no_grad()
+    def _params_finite(self) -> bool:
+        """One MAX all-reduce of a local flag: each rank only sees its own shards."""
+        local = [p.to_local() if isinstance(p, DTensor) else p for p in self.params]
+        bad = torch.stack([(~torch.isfinite(t)).any() for t in local]).any().float().cpu().reshape(1)
+        dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+        return not bad.item()
+
+    def _preempted(self, saved: bool) -> Preempted:
+        e = Preempted(self.step)
+        if not saved:  # the rank's status must not claim a checkpoint
+            e.args = (f"preempted at step {self.step}; no checkpoint saved (non-finite state)",)
+        return e
