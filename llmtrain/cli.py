@@ -237,12 +237,33 @@ def cmd_launch(args) -> int:
 
 
 def entry() -> None:
-    from llmtrain.launch.run import raise_preempt
+    # Until the launcher's handlers are in place (its imports take a moment), SIGTERM / SIGUSR1 are only noted.
+    early: list[int] = []
+    for sig in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, lambda signum, frame: early.append(signum))
+    try:
+        code = _main_with_signals(early)
+    except KeyboardInterrupt:
+        from llmtrain.launch.stopping import stopped_early
 
-    # SIGTERM / SIGUSR1 (cluster preemption): checkpoint, then stop. Ctrl-C (SIGINT): stop now.
+        code = stopped_early("interrupted", EXIT_INTERRUPTED)
+    sys.exit(code)
+
+
+def _main_with_signals(early: list[int]) -> int:
+    from llmtrain.launch.run import EXIT_PREEMPTED, PreemptRequest, raise_preempt
+    from llmtrain.launch.stopping import stopped_early
+
+    # SIGTERM / SIGUSR1 (cluster preemption): checkpoint, then stop. Ctrl-C (SIGINT): stop now. Either one that
+    # arrives before the job has started stops the launch there, without a traceback.
     signal.signal(signal.SIGTERM, raise_preempt)
     signal.signal(signal.SIGUSR1, raise_preempt)
-    sys.exit(main())
+    try:
+        if early:
+            raise PreemptRequest(signal.Signals(early[0]).name)
+        return main()
+    except PreemptRequest as e:
+        return stopped_early(str(e), EXIT_PREEMPTED)
 
 
 if __name__ == "__main__":

@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     except Preempted as e:
         # Exit 0 so torchrun does not restart us; the launcher reads "preempted" from the status file.
         # The launcher says it (once): this rank's log already shows the save.
-        _write_status(status_path, "preempted", str(e), step=e.step)
+        _write_status(status_path, "preempted", str(e), step=e.step, saved=e.saved)
         if dist.is_initialized():
             dist.destroy_process_group()
         return 0

@@ -84,3 +84,30 @@ def test_among_silent_deaths_the_earliest_and_not_the_launchers_sigterm_comes_fi
     # An earlier death comes first, whatever its signal.
     earlier = entry(0, -15, "2026-11-29_10:00:04") + entry(2, -9, "2026-11-29_10:00:05")
     assert failed_ranks(str(tmp_path), earlier)[0] == 0
+
+
+def _agent_failure(local_rank: int, code: int) -> str:
+    return (f"E1129 23:56:37.349000 12061 torch/distributed/elastic/multiprocessing/api.py:1002] failed "
+            f"(exitcode: {code}) local_rank: {local_rank} (pid: 12066) of binary: /usr/bin/python3\n")
+
+
+def test_restart_notice_names_the_killed_rank(tmp_path):
+    from llmtrain.launch.restarts import RestartNotices
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    notices = RestartNotices(str(tmp_path), nnodes=1, max_restarts=2, nproc_per_node=2)
+    (logs / "node0.log").write_text(_agent_failure(1, -9))
+    assert notices.poll() == ["llmtrain: rank 1 (local rank 1) failed (signal 9); torchrun restarts the workers "
+                              "(restart 1 of 2), which resume from the newest complete checkpoint"]
+    # torchrun saw rank 0's error first (it lost its peer in the same poll): rank 1, which recorded nothing, is named.
+    (logs / "rank0.status").write_text('{"status": "error", "error": "Connection closed by peer", "restart": 1}')
+    with open(logs / "node0.log", "a") as f:
+        f.write(_agent_failure(0, 1))
+    (notice,) = notices.poll()
+    assert notice.startswith("llmtrain: rank 1 (local rank 1) failed (ended without an error of its own: killed)")
+    assert "(restart 2 of 2)" in notice
+    # The failure after the last restart ends the job: the launcher's failure report names it, not a notice.
+    with open(logs / "node0.log", "a") as f:
+        f.write(_agent_failure(1, -9))
+    assert notices.poll() == []

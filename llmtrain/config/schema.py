@@ -223,6 +223,10 @@ class LaunchConfig:
     omp_num_threads: Optional[int] = None
     # After SIGTERM/SIGUSR1, how long workers get to checkpoint before they are killed.
     preempt_grace_s: int = 120
+    # cluster=local: seconds for the first worker to start (torchrun's rendezvous) before the launch gives up.
+    rendezvous_timeout_s: int = 300
+    # Refuse (instead of warn about) a launch whose planned peak memory per rank exceeds this node's memory.
+    require_fit: bool = False
 
 
 @dataclass

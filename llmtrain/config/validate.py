@@ -252,6 +252,8 @@ def _validate_cluster(cfg: DictConfig) -> None:
     _require(cfg.device in DEVICES, "device", f"must be one of {DEVICES} (got {cfg.device})")
     _require(cfg.launch.max_restarts >= 0, "launch.max_restarts", f"must be >= 0 (got {cfg.launch.max_restarts})")
     _require(cfg.launch.pg_timeout_s > 0, "launch.pg_timeout_s", f"must be > 0 (got {cfg.launch.pg_timeout_s})")
+    _require(cfg.launch.rendezvous_timeout_s > 0, "launch.rendezvous_timeout_s",
+             f"must be > 0 (got {cfg.launch.rendezvous_timeout_s})")
     _require(cfg.checkpoint.interval >= 0, "checkpoint.interval", f"must be >= 0 (got {cfg.checkpoint.interval})")
     _require(cfg.checkpoint.keep >= 1, "checkpoint.keep", f"must be >= 1 (got {cfg.checkpoint.keep})")
     from llmtrain.launch.backend import BACKENDS

@@ -58,7 +58,15 @@ def ensure_stdlib_corpus(path: str, max_bytes: int) -> str:
     max_bytes = int(max_bytes)
     if _stdlib_corpus_is_ready(path, max_bytes):
         return path
+    try:
+        return _build_stdlib_corpus(path, max_bytes)
+    except OSError as e:  # an unwritable cache (read-only, a file where a folder should be, a full disk)
+        where = f"{e.strerror or e}" + (f": {e.filename}" if e.filename else "")
+        raise DataError("data.path", f"cannot write the stdlib corpus {path} ({where}); point LLMTRAIN_CACHE "
+                                     "(or data.path) at a writable folder") from None
 
+
+def _build_stdlib_corpus(path: str, max_bytes: int) -> str:
     root = sysconfig.get_paths()["stdlib"]
     sources = _stdlib_sources(root)
     if not sources:

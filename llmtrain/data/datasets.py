@@ -20,6 +20,7 @@ from .tokenfile import (
     check_val_size,
     check_vocab,
     inspect_token_file,
+    meta_path,
     num_windows,
     split_sizes,
 )
@@ -102,9 +103,10 @@ class MemmapDataset(TokenDataset):
     Samples are windows of seq_len+1 tokens at stride seq_len inside a region (consecutive
     windows share one token, as target and next input).
 
-    `vocab_size` is what the data's meta says (None if unknown). `token_limit`, when given,
-    makes every sample check its ids against it, so a file without meta that does not fit the
-    model fails with a DataError instead of an index error (a device-side assert on GPU).
+    `vocab_size` is what the data's meta says (None if unknown). Every sample checks its ids
+    against it (else against `token_limit`, the model's vocabulary), so a file read with the
+    wrong dtype, or without meta, fails with a DataError naming the file and the dtype instead of
+    an index error in the embedding (a device-side assert on GPU).
     With `require_val=False` a val region too small for one sample is accepted until a val
     sample is asked for (a run without evaluation never asks).
     """
@@ -155,15 +157,27 @@ class MemmapDataset(TokenDataset):
         self._check_index(split, index)
         start = self._region_start[split] + index * self.seq_len
         tokens = self._tokens[start : start + self.seq_len + 1].to(torch.long)
-        if self.token_limit is not None:
+        limit = self.vocab_size if self.vocab_size is not None else self.token_limit
+        if limit is not None:
             biggest = int(tokens.max())
-            if biggest >= self.token_limit:
-                raise DataError(
-                    "model.vocab_size",
-                    f"{self.path} holds token id {biggest} (near token {start}) but model.vocab_size "
-                    f"is {self.token_limit}; raise model.vocab_size or fix data.dtype",
-                )
+            if biggest >= limit:
+                raise self._id_error(biggest, start, limit)
         return tokens
+
+    def _id_error(self, token_id: int, start: int, limit: int) -> DataError:
+        read_as = f"read as {self.dtype}"
+        if self.vocab_size is not None:
+            return DataError(
+                "data.path",
+                f"{self.path} holds token id {token_id} (near token {start}, {read_as}) but its meta "
+                f"{meta_path(self.path)} says vocab_size {self.vocab_size}: the meta's dtype or vocab_size is "
+                "wrong for this file; prepare it again",
+            )
+        return DataError(
+            "model.vocab_size",
+            f"{self.path} holds token id {token_id} (near token {start}, {read_as}) but model.vocab_size "
+            f"is {limit}; raise model.vocab_size or fix data.dtype",
+        )
 
     def __repr__(self) -> str:
         return (

@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 
 from rich.console import Console
+from rich.markup import escape
 
 # One entry of torchrun's "Failures:" / "Root Cause" summary (time, host and local_rank are optional).
 _FAILURE = re.compile(r"(?:time\s*:\s*(\S+)\s*\n\s*)?(?:host\s*:\s*(\S+)\s*\n\s*)?"
@@ -103,15 +104,60 @@ def tail(path: str, n: int = 20) -> list[str]:
         return []
 
 
+# A collective that waited too long: gloo ("Timed out waiting 10000ms for recv"), NCCL's watchdog ("...ran for
+# 600000 milliseconds before timing out"), the store ("Socket Timeout").
+_TIMEOUT = re.compile(r"timed? ?out|timeout|timing out", re.IGNORECASE)
+# The last exception line of a Python traceback, e.g. "OSError: [Errno 28] No space left on device".
+_ERROR_LINE = re.compile(r"^\s*([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)\b:?.*)$", re.MULTILINE)
+_ERROR_CHARS = 200  # of an error message quoted in the summary line
+
+
+def _first_line(error: str | None) -> str:
+    line = (error or "").strip().splitlines()[0] if (error or "").strip() else ""
+    return line if len(line) <= _ERROR_CHARS else line[:_ERROR_CHARS - 3] + "..."
+
+
+def _hung_for(rank: int, failure: RankFailure | None, failures: dict[int, RankFailure],
+              statuses: dict[int, dict]) -> int | None:
+    """The peer that timed out waiting for `rank`, when `rank` is a rank that stopped responding: it wrote no
+    status and was killed by a signal (torchrun stops the survivors after a failure) while a peer recorded a
+    collective timeout no later than that death. None otherwise."""
+    if failure is None or failure.code >= 0 or rank in statuses:
+        return None
+    for peer, status in sorted(statuses.items()):
+        if status.get("status") != "error" or not _TIMEOUT.search(status.get("error") or ""):
+            continue
+        theirs = failures.get(peer)
+        if theirs is None or not (theirs.time and failure.time) or theirs.time <= failure.time:
+            return peer
+    return None
+
+
+def _agent_error(agent_output: str) -> str:
+    """The last exception line of torchrun's own output that is not its 'a child failed' summary."""
+    lines = [m for m in _ERROR_LINE.findall(agent_output) if "ChildFailedError" not in m]
+    return _first_line(lines[-1]) if lines else ""
+
+
+def _no_culprit(console: Console, run_dir: str, agent_output: str, exit_code: int,
+                statuses: dict[int, dict]) -> None:
+    """No rank failed by torchrun's account or its own: name what was said (a status's error, else torchrun's)."""
+    errors = sorted({_first_line(s.get("error")) for s in statuses.values() if s.get("error")} - {""})
+    said = errors[0] if len(errors) == 1 else _agent_error(agent_output)
+    why = f": {said}" if said else " (no rank reported an error"
+    end = f"; see {os.path.join(run_dir, 'logs')}" + ("" if said else ")")
+    console.print(f"[bold red]llmtrain: the job failed with exit code {exit_code}[/]{escape(why + end)}",
+                  highlight=False)
+
+
 def report_failure(console: Console, run_dir: str, agent_output: str, exit_code: int,
                    node: int | None = None) -> None:
-    """Name the culprit rank (and its node: `node` when the caller knows it, else the host torchrun reported)
-    and print the tail of its log."""
+    """Name the culprit rank (and its node: `node` when the caller knows it, else the host torchrun reported),
+    what it died of or the error it recorded, and print the tail of its log."""
     failures, statuses = agent_failures(agent_output), rank_statuses(run_dir)
     ranks = _ordered(failures, statuses, agent_output)
     if not ranks:
-        console.print(f"[bold red]llmtrain: the job failed with exit code {exit_code}[/] (no rank reported an "
-                      f"error; see {os.path.join(run_dir, 'logs')})")
+        _no_culprit(console, run_dir, agent_output, exit_code, statuses)
         return
     rank = ranks[0]
     failure = failures.get(rank)
@@ -128,6 +174,27 @@ def report_failure(console: Console, run_dir: str, agent_output: str, exit_code:
         where.append(f"local rank {failure.local_rank}")
     label = f" ({', '.join(where)})" if where else ""
     log = os.path.join(run_dir, "logs", f"rank{rank}.log")
-    console.print(f"[bold red]llmtrain: rank {rank}{label} failed ({how})[/]; last lines of {log}:")
-    for line in tail(log):
+    peer = _hung_for(rank, failure, failures, statuses)
+    if peer is not None:
+        said = escape(f": rank {peer} timed out waiting for it in a collective "
+                      f"({_first_line(statuses[peer].get('error'))}), and it was then killed ({how}); last lines "
+                      f"of {log}:")
+        console.print(f"[bold red]llmtrain: rank {rank}{label} hung (stopped responding)[/]{said}", highlight=False)
+        _print_tail(console, log, fallback=(peer, os.path.join(run_dir, "logs", f"rank{peer}.log")))
+        return
+    error = _first_line(status.get("error"))
+    said = escape((f": {error}" if error else "") + f"; last lines of {log}:")
+    console.print(f"[bold red]llmtrain: rank {rank}{label} failed ({how})[/]{said}", highlight=False)
+    _print_tail(console, log)
+
+
+def _print_tail(console: Console, log: str, fallback: tuple[int, str] | None = None) -> None:
+    """The log's last lines; when it is empty (ranks other than 0 log little), the fallback rank's instead."""
+    lines = tail(log)
+    if not lines and fallback is not None:
+        rank, other = fallback
+        lines = tail(other)
+        console.print(f"  (its log is empty; last lines of rank {rank}'s log, {other}:)", markup=False,
+                      highlight=False)
+    for line in lines:
         console.print(f"  {line}", markup=False, highlight=False)

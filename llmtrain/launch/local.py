@@ -13,6 +13,7 @@ from llmtrain.config.errors import ConfigError
 from llmtrain.launch import processes
 from llmtrain.launch.backend import Backend, NodeCommand, node_python, torchrun_argv, worker_env
 from llmtrain.launch.failures import report_failure
+from llmtrain.launch.preflight import check_local_node
 
 
 def free_port() -> int:
@@ -43,6 +44,8 @@ class LocalBackend(Backend):
                 raise ConfigError("device", "device=cuda but this node has no usable CUDA device "
                                             f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'none'}); "
                                             "use device=auto or device=cpu")
+        # A busy master port, and a plan that does not fit this node's memory (doctor trains nothing).
+        check_local_node(self.cfg, training=self.worker_module == "llmtrain.worker")
 
     def node_commands(self) -> list[NodeCommand]:
         c = self.cfg.cluster

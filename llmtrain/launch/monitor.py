@@ -1,5 +1,10 @@
 """What the user sees while a job runs: a live rich progress line (step/total, loss, tokens/s, ETA) fed by
-metrics.jsonl, and rank 0's log streamed above it. Which rank failed is worked out in failures.py."""
+metrics.jsonl, and rank 0's log streamed above it. Which rank failed is worked out in failures.py.
+
+Until the first worker exists, a torchrun agent under this launcher waits in its rendezvous; one that cannot
+complete (a port someone else holds, a node that never joins) would wait silently, so the monitor says where it
+waits after a while and gives up after launch.rendezvous_timeout_s.
+"""
 
 from __future__ import annotations
 
@@ -8,22 +13,86 @@ import os
 import time
 from typing import Callable
 
+import psutil
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from llmtrain.console import get_console
+from llmtrain.launch import processes
 from llmtrain.launch.follow import LineFollower
 from llmtrain.launch.restarts import RestartNotices
+
+# Seconds without a worker before the launcher says it is still waiting for the rendezvous.
+RENDEZVOUS_NOTICE_S = 30.0
+
+
+class RendezvousTimeout(Exception):
+    """No worker started within launch.rendezvous_timeout_s: the rendezvous did not complete."""
+
+
+def _flag(argv: list[str], name: str) -> str | None:
+    """The value of torchrun's --name=VALUE in argv."""
+    prefix = f"--{name}="
+    return next((a[len(prefix):] for a in argv if a.startswith(prefix)), None)
+
+
+class RendezvousWatch:
+    """Watches this launcher's own torchrun agents (cluster=local) until their first worker appears. Backends
+    whose agents run elsewhere (ssh, Slurm) have none here, so the watch never fires for them."""
+
+    def __init__(self, timeout_s: float | None, console: Console):
+        self.timeout_s = timeout_s
+        self.console = console
+        self.start = time.monotonic()
+        self.done = not timeout_s
+        self.noticed = False
+
+    def poll(self) -> None:
+        if self.done:
+            return
+        agents, started = self._agents()
+        if started:
+            self.done = True
+            return
+        if not agents:
+            return
+        waited = time.monotonic() - self.start
+        endpoint, nnodes = _flag(agents[0], "rdzv-endpoint"), _flag(agents[0], "nnodes")
+        where = f"the rendezvous at {endpoint} ({nnodes} node(s) must join it)"
+        if waited > self.timeout_s:
+            raise RendezvousTimeout(f"no worker started within {self.timeout_s:g} s (launch.rendezvous_timeout_s): "
+                                    f"{where} did not complete; check that the port is free and every node was "
+                                    "started; stopping the job")
+        if waited > min(RENDEZVOUS_NOTICE_S, self.timeout_s / 2) and not self.noticed:
+            self.noticed = True
+            self.console.print(f"llmtrain: waiting for {where}: no worker has started yet (giving up after "
+                               f"{self.timeout_s:g} s)", markup=False, highlight=False, soft_wrap=True)
+
+    @staticmethod
+    def _agents() -> tuple[list[list[str]], bool]:
+        """argv of each torchrun agent under this launcher, and whether any worker runs."""
+        agents, started = [], False
+        for p in processes.job_processes():
+            try:
+                argv = p.cmdline()
+            except psutil.Error:
+                continue
+            if any(argv[i] == "-m" and argv[i + 1] == "torch.distributed.run" for i in range(len(argv) - 1)):
+                agents.append(argv)
+            elif processes.is_worker(p):
+                started = True
+        return agents, started
 
 
 class Monitor:
     def __init__(self, run_dir: str, max_steps: int, console: Console | None = None, stream_rank: int = 0,
-                 nnodes: int = 1, max_restarts: int = 0):
+                 nnodes: int = 1, max_restarts: int = 0, rendezvous_timeout_s: float | None = None,
+                 nproc_per_node: int = 1):
         self.run_dir = run_dir
         self.console = console or get_console()
         self.log = LineFollower(os.path.join(run_dir, "logs", f"rank{stream_rank}.log"), from_end=True)
         self.metrics = LineFollower(os.path.join(run_dir, "metrics.jsonl"))
-        self.restarts = RestartNotices(run_dir, nnodes, max_restarts)
+        self.restarts = RestartNotices(run_dir, nnodes, max_restarts, nproc_per_node)
         self.progress = Progress(
             TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
             TextColumn("loss [cyan]{task.fields[loss]}"), TextColumn("{task.fields[tps]} tok/s"),
@@ -32,6 +101,7 @@ class Monitor:
             console=self.console, transient=False, disable=not self.console.is_terminal)
         self.task = self.progress.add_task("train", total=max_steps, loss="-", tps="-", mfu="-")
         self.last_row: dict = {}
+        self.rendezvous = RendezvousWatch(rendezvous_timeout_s, self.console)
 
     def poll(self) -> None:
         for line in self.restarts.poll():
@@ -53,7 +123,8 @@ class Monitor:
 
     def follow(self, poll_exit: Callable[[], int | None], interval_s: float = 0.3,
                timeout_s: float | None = None) -> int | None:
-        """Refresh until poll_exit() returns an exit code (returned), or timeout_s passes (None)."""
+        """Refresh until poll_exit() returns an exit code (returned), or timeout_s passes (None); raises
+        RendezvousTimeout when no worker starts in time."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self.progress:
             while True:
@@ -62,6 +133,7 @@ class Monitor:
                 if code is not None:
                     self.poll()
                     return code
+                self.rendezvous.poll()
                 if deadline is not None and time.monotonic() > deadline:
                     return None
                 time.sleep(interval_s)

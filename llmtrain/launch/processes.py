@@ -86,13 +86,53 @@ def stop_tree(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
             os.killpg(pgid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
+    # Workers a restart started during the grace were not listed: kill the tree as it is now, too.
+    alive = _kill(list({p.pid: p for p in alive + tree(proc.pid)}.values()))
     psutil.wait_procs(alive, timeout=5)
     try:
         proc.wait(timeout=5)
     except subprocess.TimeoutExpired:
         pass
+
+
+def _kill(procs: list[psutil.Process]) -> list[psutil.Process]:
+    """SIGKILL each process (works on stopped ones too); return those that were still there to kill."""
+    killed = []
+    for p in procs:
+        try:
+            p.kill()
+            killed.append(p)
+        except psutil.NoSuchProcess:
+            continue
+    return killed
+
+
+def job_processes(run_dir: str | None = None) -> list[psutil.Process]:
+    """Every process this launcher started (its descendants) and, when run_dir is given, every torchrun agent,
+    node agent or worker of run_dir on this node: torchrun starts each worker in a session of its own, so a
+    worker whose agent is gone is no longer a descendant."""
+    me = os.getpid()
+    try:
+        found = {p.pid: p for p in psutil.Process(me).children(recursive=True)}
+    except psutil.NoSuchProcess:
+        found = {}
+    if run_dir:
+        markers = WORKER_MODULES + ("torch.distributed.run", "llmtrain.launch.node_agent")
+        for p in psutil.process_iter(["cmdline"]):
+            argv = p.info["cmdline"] or []
+            if p.pid != me and run_dir in argv and any(m in argv for m in markers):
+                found.setdefault(p.pid, p)
+    return list(found.values())
+
+
+def kill_all(run_dir: str | None = None) -> int:
+    """SIGKILL every process of the job at once (see job_processes), wait until they are gone; return how many.
+    Twice: an agent may have started a worker while the first round was being killed."""
+    killed: set[int] = set()
+    for _ in range(2):
+        procs = _kill([p for p in job_processes(run_dir) if p.pid not in killed])
+        if not procs:
+            break
+        killed.update(p.pid for p in procs)
+        psutil.wait_procs(procs, timeout=5)
+    return len(killed)

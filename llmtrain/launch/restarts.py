@@ -4,6 +4,10 @@ On each failure of its worker group torchrun logs the first worker that failed (
 local_rank: 1 ...`) in the node's agent log, and restarts the group while it has restarts left. Whether it restarts
 is not logged at its default level, so the n-th failure of a node counts as restart n up to launch.max_restarts;
 the failure after that is the job's end, which the launcher reports with the rank's log.
+
+torchrun names the first failure it saw in a poll, and a rank that lost its peer (a closed connection) often dies
+in the same poll as the peer that was killed. So when the rank it names recorded an error, and another rank of
+the attempt ended without recording anything (killed), that silent rank is the one named.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import glob
 import os
 import re
 
+from llmtrain.launch.failures import rank_statuses
 from llmtrain.launch.follow import LineFollower
 
 _FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+)")
@@ -24,9 +29,11 @@ def describe_exit(code: int) -> str:
 class RestartNotices:
     """Follows every node's agent log (logs/node{N}.log) and turns each restarting failure into one line."""
 
-    def __init__(self, run_dir: str, nnodes: int, max_restarts: int):
+    def __init__(self, run_dir: str, nnodes: int, max_restarts: int, nproc_per_node: int = 1):
+        self.run_dir = run_dir
         self.pattern = os.path.join(run_dir, "logs", "node*.log")
         self.nnodes = nnodes
+        self.nproc_per_node = nproc_per_node
         self.max_restarts = max_restarts
         # Agent logs are appended to by every launch: only what this launch adds counts.
         self.followers = {path: LineFollower(path, from_end=True) for path in glob.glob(self.pattern)}
@@ -49,8 +56,22 @@ class RestartNotices:
 
     def _notice(self, path: str, code: int, local_rank: int, number: int) -> str:
         node = os.path.basename(path)[len("node"):-len(".log")]
+        how = describe_exit(code)
+        silent = self._silent_rank(local_rank, code, attempt=number - 1)
+        if silent is not None:
+            local_rank, how = silent, "ended without an error of its own: killed"
         # Global ranks follow the node order only on one node (c10d rendezvous orders nodes as they join).
         who = f"rank {local_rank} (local rank {local_rank})" if self.nnodes == 1 else \
             f"local rank {local_rank} on node {node}"
-        return (f"llmtrain: {who} failed ({describe_exit(code)}); torchrun restarts the workers (restart "
+        return (f"llmtrain: {who} failed ({how}); torchrun restarts the workers (restart "
                 f"{number} of {self.max_restarts}), which resume from the newest complete checkpoint")
+
+    def _silent_rank(self, named: int, code: int, attempt: int) -> int | None:
+        """On one node: a rank of this attempt with no status, when the named one recorded an error."""
+        if self.nnodes != 1 or code < 0:
+            return None
+        statuses = {r: s for r, s in rank_statuses(self.run_dir).items() if s.get("restart") == attempt}
+        if statuses.get(named, {}).get("status") != "error":
+            return None
+        silent = [r for r in range(self.nproc_per_node) if r not in statuses]
+        return silent[0] if silent else None

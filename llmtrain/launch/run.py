@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import time
 
 from omegaconf import DictConfig
 from rich.console import Console
@@ -12,19 +13,22 @@ from rich.table import Table
 
 from llmtrain.config import to_yaml
 from llmtrain.config.errors import ConfigError
+from llmtrain.data.errors import DataError
 from llmtrain.console import fold_table, get_console
-from llmtrain.launch import run_identity
+from llmtrain.launch import run_identity, stopping
 from llmtrain.launch.backend import get_backend
-from llmtrain.launch.monitor import Monitor
+from llmtrain.launch.monitor import Monitor, RendezvousTimeout
 from llmtrain.launch.run_lock import RunDirLock
 from llmtrain.parallel.layout import ParallelDims
 
+EXIT_FAILED = 1
 EXIT_INTERRUPTED = 130
 EXIT_PREEMPTED = 143
 
 
-class PreemptRequest(Exception):
-    """SIGTERM / SIGUSR1 reached the launcher: checkpoint and stop (cluster preemption)."""
+class PreemptRequest(BaseException):
+    """SIGTERM / SIGUSR1 reached the launcher: checkpoint and stop (cluster preemption). A BaseException, like
+    KeyboardInterrupt: code that turns any Exception into an error message (config composition) must not eat it."""
 
 
 def raise_preempt(signum, frame) -> None:
@@ -131,7 +135,7 @@ def launch(cfg: DictConfig) -> int:
         except OSError as e:
             raise ConfigError("run.dir", f"cannot write the run directory {run_dir}: {e.strerror or e}") from None
         return _run(cfg, backend, console)
-    except ConfigError:  # refused before the job started (a conflict, sbatch): leave no new run directory
+    except (ConfigError, DataError):  # refused before the job started (a conflict, sbatch, the data cache)
         lock.release()
         if not existed:
             shutil.rmtree(run_dir, ignore_errors=True)
@@ -150,16 +154,20 @@ def _run(cfg: DictConfig, backend, console) -> int:
                   f"(dp={dims.dp} tp={dims.tp} pp={dims.pp}) on {cfg.cluster.nnodes} node(s), backend "
                   f"{backend.name}", markup=False, highlight=False, soft_wrap=True)
     monitor = Monitor(run_dir, cfg.train.max_steps, console, nnodes=cfg.cluster.nnodes,
-                      max_restarts=cfg.launch.max_restarts)
+                      max_restarts=cfg.launch.max_restarts, rendezvous_timeout_s=cfg.launch.rendezvous_timeout_s,
+                      nproc_per_node=cfg.cluster.nproc_per_node)
     try:
         code = backend.run(monitor)
     except KeyboardInterrupt:
-        console.print("llmtrain: interrupted; stopping every process of the job", markup=False)
-        backend.stop()
+        stopping.interrupted(backend, run_dir, console)
         console.print(f"llmtrain: {checkpoint_state(run_dir)}", markup=False, highlight=False)
         return EXIT_INTERRUPTED
     except PreemptRequest as e:
         return preempt(backend, monitor, cfg, str(e))
+    except RendezvousTimeout as e:  # no worker ever started: say where it waited, then stop
+        console.print(f"llmtrain: {e}", markup=False, highlight=False, soft_wrap=True)
+        stopping.stop_job(backend, run_dir, console)
+        return EXIT_FAILED
     if code == 0:
         console.print(f"llmtrain: job finished; metrics in {os.path.join(run_dir, 'metrics.jsonl')}",
                       markup=False, highlight=False)
@@ -183,23 +191,51 @@ def checkpoint_state(run_dir: str) -> str:
 
 def preempt(backend, monitor, cfg: DictConfig, why: str) -> int:
     """Ask every worker to checkpoint at its next step boundary, wait for them, report."""
-    from llmtrain.launch.failures import rank_statuses
-
-    console = monitor.console
+    console, run_dir = monitor.console, cfg.run.dir
     grace = cfg.launch.preempt_grace_s
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # asked once is enough; Ctrl-C still stops at once
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    deadline = time.monotonic() + grace
+    try:
+        _wait_for_starting_workers(monitor, run_dir, why, grace)
+    except KeyboardInterrupt:
+        stopping.interrupted(backend, run_dir, console)
+        console.print(f"llmtrain: {checkpoint_state(run_dir)}", markup=False, highlight=False)
+        return EXIT_INTERRUPTED
     n = backend.signal_workers(signal.SIGUSR1)
+    if n == 0:  # nothing can checkpoint: waiting the grace would only let workers start and train on
+        console.print(f"llmtrain: {why}: no worker is running (none has started yet, or all have ended); stopping "
+                      "the job at once", markup=False, highlight=False)
+        stopping.stop_job(backend, run_dir, console)
+        console.print(f"llmtrain: {checkpoint_state(run_dir)}", markup=False, highlight=False)
+        return EXIT_PREEMPTED
     console.print(f"llmtrain: {why}: asked {n} worker(s) to checkpoint and stop (up to {grace} s)", markup=False)
     try:
-        code = backend.follow(monitor, timeout_s=grace)
-    except (KeyboardInterrupt, PreemptRequest):
+        code = backend.follow(monitor, timeout_s=max(1.0, deadline - time.monotonic()))
+    except KeyboardInterrupt:
         code = None
-    backend.stop()
-    statuses = rank_statuses(cfg.run.dir)
+    stopping.stop_job(backend, run_dir, console)
+    _report_preempted(console, run_dir, code)
+    return EXIT_PREEMPTED
+
+
+def _wait_for_starting_workers(monitor, run_dir: str, why: str, grace: float) -> None:
+    """Workers still starting would ignore the request (or die of it): ask once they can take it."""
+    if stopping.starting_workers(run_dir, signal.SIGUSR1):
+        monitor.console.print(f"llmtrain: {why}: the workers are still starting; asking them to checkpoint once "
+                              "they can", markup=False, highlight=False)
+        stopping.wait_for_workers(run_dir, signal.SIGUSR1, grace, monitor.poll)
+
+
+def _report_preempted(console, run_dir: str, code: int | None) -> None:
+    from llmtrain.launch.failures import rank_statuses
+
+    statuses = rank_statuses(run_dir)
     steps = {s.get("step") for s in statuses.values() if s.get("status") == "preempted"}
-    if code == 0 and statuses and all(s.get("status") == "preempted" for s in statuses.values()):
+    if code == 0 and statuses and all(s.get("status") == "preempted" and s.get("saved", True)
+                                      for s in statuses.values()):
         console.print(f"llmtrain: preempted at step {max(steps)}; checkpoint saved; the same command resumes",
                       markup=False)
     else:
         console.print("llmtrain: preempted; the job did not confirm a checkpoint (see logs/); resuming uses the "
                       "newest complete checkpoint", markup=False)
-    return EXIT_PREEMPTED

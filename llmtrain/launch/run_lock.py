@@ -18,6 +18,7 @@ import uuid
 import psutil
 
 from llmtrain.config.errors import ConfigError
+from llmtrain.launch import processes
 from llmtrain.launch.slurm import FINAL_STATES
 
 LOCK_NAME = ".lock"
@@ -62,17 +63,6 @@ def holder_gone(holder: dict) -> str | None:
     return None
 
 
-def processes_of(run_dir: str) -> list[psutil.Process]:
-    """Live torchrun agents, node agents and workers of `run_dir` on this node (their argv names it)."""
-    found = []
-    for p in psutil.process_iter(["cmdline", "pid"]):
-        argv = p.info["cmdline"] or []
-        if p.info["pid"] != os.getpid() and run_dir in argv and any(
-                m in argv for m in ("llmtrain.worker", "torch.distributed.run", "llmtrain.launch.node_agent")):
-            found.append(p)
-    return found
-
-
 class RunDirLock:
     def __init__(self, run_dir: str):
         self.run_dir = run_dir
@@ -109,7 +99,7 @@ class RunDirLock:
                     raise ConfigError("run.dir", f"{self.run_dir} is in use by {describe(holder)}; wait for it to "
                                                  "end, stop it, or use another run.dir (remove "
                                                  f"{self.path} only if that job is gone)") from None
-                leftovers = processes_of(self.run_dir)
+                leftovers = processes.job_processes(self.run_dir)
                 if leftovers:
                     pids = ", ".join(str(p.pid) for p in leftovers[:5])
                     raise ConfigError("run.dir", f"processes of an earlier launch of {self.run_dir} still run on "

@@ -13,9 +13,12 @@ import torch.distributed as dist
 
 
 class Preempted(Exception):
-    def __init__(self, step: int):
-        super().__init__(f"preempted at step {step}; checkpoint saved")
+    def __init__(self, step: int, saved: bool = True):
+        # Not saved: the state was non-finite, and a checkpoint of it would poison every resume.
+        super().__init__(f"preempted at step {step}; " + ("checkpoint saved" if saved else
+                                                          "no checkpoint saved (non-finite state)"))
         self.step = step
+        self.saved = saved
 
 
 class PreemptionFlag:

@@ -394,7 +394,7 @@ class Trainer:
                 self.log(f"llmtrain: preemption signal received at step {self.step}", flush=True)
                 saved = self.save_checkpoint(asynchronous=False)
                 self.metrics.close()
-                raise self._preempted(saved)
+                raise Preempted(self.step, saved)
             interval = self.cfg.checkpoint.interval
             if interval and self.step % interval == 0 and self.step < last:
                 self.save_checkpoint(asynchronous=self.cfg.checkpoint["async"])
@@ -461,9 +461,3 @@ class Trainer:
         bad = torch.stack([(~torch.isfinite(t)).any() for t in local]).any().float().cpu().reshape(1)
         dist.all_reduce(bad, op=dist.ReduceOp.MAX)
         return not bad.item()
-
-    def _preempted(self, saved: bool) -> Preempted:
-        e = Preempted(self.step)
-        if not saved:  # the rank's status must not claim a checkpoint
-            e.args = (f"preempted at step {self.step}; no checkpoint saved (non-finite state)",)
-        return e
