@@ -30,6 +30,8 @@ class NodeCommand:
 
 class Backend(abc.ABC):
     name: str
+    # Whether the job's processes are this launcher's to stop (local, ssh), or a scheduler's (Slurm).
+    owns_processes = True
 
     def __init__(self, cfg: DictConfig, run_dir: str, worker_module: str = "llmtrain.worker"):
         self.cfg = cfg

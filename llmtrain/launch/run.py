@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -70,9 +71,14 @@ def prepare_run_dir(cfg: DictConfig) -> str:
         if name.endswith(".status"):
             os.remove(os.path.join(run_dir, "logs", name))
     tmp = os.path.join(run_dir, "config.yaml.tmp")
-    with open(tmp, "w") as f:
-        f.write(to_yaml(cfg))
-    os.replace(tmp, os.path.join(run_dir, "config.yaml"))
+    try:
+        with open(tmp, "w") as f:
+            f.write(to_yaml(cfg))
+        os.replace(tmp, os.path.join(run_dir, "config.yaml"))
+    except OSError:  # a full disk: the run's config.yaml stays as it was, and no half-written copy is left
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
     return run_dir
 
 

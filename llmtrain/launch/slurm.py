@@ -22,6 +22,7 @@ FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT
 
 class SlurmBackend(Backend):
     name = "slurm"
+    owns_processes = False
 
     def __init__(self, cfg, run_dir, worker_module="llmtrain.worker"):
         super().__init__(cfg, run_dir, worker_module)

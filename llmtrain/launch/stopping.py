@@ -48,6 +48,12 @@ def wait_for_workers(run_dir: str, sig: int, timeout_s: float, poll: Callable[[]
         time.sleep(0.3)
 
 
+def _scope(backend, run_dir: str) -> str | None:
+    """Whose processes a stop may kill besides the launcher's own: the run's, unless the job belongs to a
+    scheduler (a Slurm job's processes are Slurm's to end, even where this node can see them)."""
+    return run_dir if backend.owns_processes else None
+
+
 def kill_job(run_dir: str | None, console: Console) -> None:
     """SIGKILL every process of the job now, and say so."""
     _ignore([signal.SIGINT])  # a third Ctrl-C must not cut the kill short
@@ -62,12 +68,13 @@ def stop_job(backend, run_dir: str, console: Console) -> bool:
     Another SIGTERM/SIGUSR1 asks for nothing new while the job stops, and once it is stopped the launcher only
     reports and exits: neither may end it with a traceback half-way."""
     _ignore(PREEMPT_SIGNALS)
+    scope = _scope(backend, run_dir)
     try:
         backend.stop()
-        processes.kill_all(run_dir)  # what the backend did not know of (a start cut short by the signal)
+        processes.kill_all(scope)  # what the backend did not know of (a start cut short by the signal)
         killed = False
     except KeyboardInterrupt:
-        kill_job(run_dir, console)
+        kill_job(scope, console)
         killed = True
     _ignore([signal.SIGINT])
     return killed
@@ -79,7 +86,7 @@ def interrupted(backend, run_dir: str, console: Console) -> None:
         console.print("llmtrain: interrupted; stopping every process of the job (Ctrl-C again kills them at once)",
                       markup=False, highlight=False)
     except KeyboardInterrupt:
-        kill_job(run_dir, console)
+        kill_job(_scope(backend, run_dir), console)
         return
     stop_job(backend, run_dir, console)
 
