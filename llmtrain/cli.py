@@ -1,4 +1,4 @@
-"""The `llmtrain` command: launch, config, data prepare."""
+"""The `llmtrain` command: launch, config, data prepare, and status / follow / cancel of a run directory's job."""
 
 from __future__ import annotations
 
@@ -117,6 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_report_arguments(report)
 
+    _add_job_commands(sub)
+
     data = sub.add_parser("data", help="data tools (prepare)", description="Data tools.")
     data_sub = data.add_subparsers(dest="data_command", metavar="DATA_COMMAND", parser_class=_Parser)
     prepare = data_sub.add_parser("prepare", help="tokenize text files into a token file (nanoGPT .bin)",
@@ -139,6 +141,50 @@ def build_parser() -> argparse.ArgumentParser:
         description="Write a checkpoint's consolidated weights: --format safetensors (llmtrain names) or hf (a "
                     "folder transformers.GPT2LMHeadModel.from_pretrained loads)."))
     return parser
+
+
+def _add_job_commands(sub) -> None:
+    """status, follow and cancel: the job behind a run directory, from any terminal of the head node."""
+    status = sub.add_parser("status", help="the job behind a run directory: state, nodes, step, checkpoint, metrics",
+                            description="Show the job behind a run directory: backend, job id, state (running, "
+                                        "pending, finished, failed, interrupted, preempted), nodes, step reached "
+                                        "of max_steps, newest checkpoint, last metrics row, elapsed training time "
+                                        "and the earlier launches. Exit 2 when RUN_DIR is not a run directory.")
+    status.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (run.dir)")
+    status.add_argument("--json", action="store_true", help="print the same facts as one JSON object")
+    follow = sub.add_parser("follow", help="attach to a running job: rank 0's log and progress until it ends",
+                            description="Stream rank 0's log and the progress of the job behind RUN_DIR until it "
+                                        "ends; exit 0 when it finished, 1 when it failed, 130 when it was "
+                                        "interrupted, 143 when it was preempted. Ctrl-C detaches; the job keeps "
+                                        "running.")
+    follow.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (run.dir)")
+    cancel = sub.add_parser("cancel", help="checkpoint and stop the job behind a run directory (--now: at once)",
+                            description="Stop the job behind RUN_DIR. By default it checkpoints first, as on "
+                                        "preemption (SIGTERM to its launcher; USR1 to a Slurm job's workers) and "
+                                        "this waits until it ended and names the checkpoint; --now stops it at "
+                                        "once (scancel for Slurm). Nothing to cancel is not an error (exit 0).")
+    cancel.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (run.dir)")
+    cancel.add_argument("--now", action="store_true", help="stop at once, without a checkpoint")
+
+
+JOB_COMMANDS = ("status", "follow", "cancel")
+
+
+def run_job_command(args) -> int:
+    # These start nothing: SIGTERM ends them like any tool, not as a launcher's preemption.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+    if args.command == "status":
+        from llmtrain.jobs.status import run_status
+
+        return run_status(args)
+    if args.command == "follow":
+        from llmtrain.jobs.follow import run_follow
+
+        return run_follow(args)
+    from llmtrain.jobs.cancel import run_cancel
+
+    return run_cancel(args)
 
 
 # Flags of Hydra apps, and what llmtrain offers instead.
@@ -193,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
             from llmtrain.doctor import run_doctor
 
             return run_doctor(_compose(args), args.max_bytes, args.iters)
+        if args.command in JOB_COMMANDS:
+            return run_job_command(args)
         if args.command == "data" and args.data_command == "prepare":
             from llmtrain.data.prepare_cli import run_prepare
 

@@ -442,7 +442,7 @@ cmd_up() {
   while port_taken "$ctld_port"; do ctld_port=$((ctld_port + 2)); done
   [ "$ctld_port" = 6817 ] || slurmd_port=$((ctld_port + 1))
   local cpus
-  cpus=$(nproc)
+  cpus=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)  # nproc obeys OMP_NUM_THREADS, which tests set to 1
   [ "$cpus" -gt 2 ] && cpus=2
 
   write_slurm_conf "$s" "$ctld_port" "$slurmd_port" "$cpus"

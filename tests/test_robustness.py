@@ -252,6 +252,7 @@ class _NoWorkers:
     """A backend whose workers have not started: nothing to signal."""
 
     name = "fake"
+    owns_processes = True
 
     def __init__(self):
         self.stopped = self.followed = False

@@ -127,6 +127,8 @@ def to_typed(raw: DictConfig) -> DictConfig:
 
 
 def _fill_defaults(cfg: DictConfig) -> None:
+    if cfg.cluster.nproc_per_node is None:
+        cfg.cluster.nproc_per_node = _nproc_from_hostfile(cfg.cluster)
     world = cfg.cluster.nnodes * cfg.cluster.nproc_per_node
     p = cfg.parallel
     if p.dp is None and p.tp > 0 and p.pp > 0 and world % (p.tp * p.pp) == 0:
@@ -136,6 +138,19 @@ def _fill_defaults(cfg: DictConfig) -> None:
         # With a pipeline, 2 micro-batches per stage keep the 1F1B bubble at (pp-1)/(m+pp-1) <= 1/3.
         accum = 2 * p.pp * p.virtual_stages if p.pp > 1 else 1
         t.global_batch_size = t.micro_batch_size * p.dp * accum
+
+
+def _nproc_from_hostfile(cluster: DictConfig) -> int:
+    """cluster.nproc_per_node=null (cluster=ssh's default): the hostfile's slots per host. Resolved here, before
+    the world size is derived and validated, so the rest of llmtrain always sees a number."""
+    from llmtrain.launch.hostfile import slots_per_node
+
+    if cluster.name != "ssh":
+        raise ConfigError("cluster.nproc_per_node", "null (the hostfile's slots) needs cluster=ssh; give a number")
+    if OmegaConf.is_missing(cluster, "hostfile") or not cluster.hostfile:
+        raise ConfigError("cluster.hostfile", "cluster=ssh needs a hostfile: cluster.hostfile=FILE (lines of "
+                                              "'hostname slots=N')")
+    return slots_per_node(cluster)
 
 
 def load_run_config(path: str | os.PathLike) -> DictConfig:

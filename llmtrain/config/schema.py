@@ -150,17 +150,22 @@ class ClusterConfig:
     # local (this node) | ssh (hosts of a hostfile) | slurm (sbatch)
     name: str = "local"
     nnodes: int = 1
-    nproc_per_node: int = 2
+    # null (cluster=ssh's default): the slots of the hostfile's hosts, which must all be the same.
+    nproc_per_node: Optional[int] = 2
     # local: this node's rank when you start each node by hand.
     node_rank: int = 0
     # local: rendezvous host; ssh/slurm use their first node.
     master_addr: str = "127.0.0.1"
-    # Rendezvous port; 0 = a free port (local) or 29500 (ssh, slurm).
+    # Rendezvous port; 0 = one per job: a free port (local; ssh when the launcher runs on the first host, else a
+    # random one), 20000 + job id % 20000 (slurm).
     master_port: int = 0
     # Python on the nodes (null = the launcher's own interpreter path) and the folder commands run in
     # (null = the launcher's working directory); both must exist on every node (shared filesystem).
     python: Optional[str] = None
     workdir: Optional[str] = None
+    # ssh, slurm: shell lines run in order before the node agent (`module load cuda/12.4`, `source
+    # /shared/venv/bin/activate`); a failing line stops the node, naming it.
+    setup: List[str] = field(default_factory=list)
     # ssh: DeepSpeed-style hostfile (`host slots=N`), host filters (',' or '@' separated), ssh options.
     hostfile: Optional[str] = None
     include: Optional[str] = None

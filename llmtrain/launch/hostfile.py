@@ -75,8 +75,8 @@ def select_hosts(hosts: list[Host], include: str | None, exclude: str | None) ->
     return chosen
 
 
-def cluster_hosts(cluster_cfg) -> list[Host]:
-    """The hosts a cluster=ssh config runs on: the first cluster.nnodes of the selected ones."""
+def _job_hosts(cluster_cfg) -> list[Host]:
+    """The first cluster.nnodes hosts of the hostfile after cluster.include / cluster.exclude."""
     if not cluster_cfg.hostfile:
         raise ConfigError("cluster.hostfile", "cluster=ssh needs a hostfile (lines of 'hostname slots=N')")
     hosts = select_hosts(parse_hostfile(cluster_cfg.hostfile), cluster_cfg.include, cluster_cfg.exclude)
@@ -84,8 +84,26 @@ def cluster_hosts(cluster_cfg) -> list[Host]:
     if len(hosts) < n:
         raise ConfigError("cluster.nnodes", f"nnodes={n} but the hostfile (after include/exclude) has "
                                             f"{len(hosts)} host(s): {', '.join(h.name for h in hosts)}")
-    short = [h.name for h in hosts[:n] if h.slots < cluster_cfg.nproc_per_node]
+    return hosts[:n]
+
+
+def slots_per_node(cluster_cfg) -> int:
+    """cluster.nproc_per_node=null: the slots of the hosts the job runs on (DeepSpeed's meaning), which must agree
+    since torchrun starts the same number of processes on every node."""
+    hosts = _job_hosts(cluster_cfg)
+    if len({h.slots for h in hosts}) > 1:
+        slots = ", ".join(f"{h.name} slots={h.slots}" for h in hosts)
+        raise ConfigError("cluster.nproc_per_node", f"null takes the processes per node from the slots of "
+                                                    f"{cluster_cfg.hostfile}, but they differ ({slots}): set "
+                                                    "cluster.nproc_per_node")
+    return hosts[0].slots
+
+
+def cluster_hosts(cluster_cfg) -> list[Host]:
+    """The hosts a cluster=ssh config runs on, each with a slot for every process it gets."""
+    hosts = _job_hosts(cluster_cfg)
+    short = [h.name for h in hosts if h.slots < cluster_cfg.nproc_per_node]
     if short:
         raise ConfigError("cluster.nproc_per_node", f"nproc_per_node={cluster_cfg.nproc_per_node} exceeds the "
                                                     f"slots of {', '.join(short)} in {cluster_cfg.hostfile}")
-    return hosts[:n]
+    return hosts

@@ -13,6 +13,7 @@ from llmtrain.config.errors import ConfigError
 from llmtrain.launch import processes
 from llmtrain.launch.backend import Backend, NodeCommand, node_python, torchrun_argv, worker_env
 from llmtrain.launch.failures import report_failure
+from llmtrain.launch.node_env import wrap_for_gloo
 from llmtrain.launch.preflight import check_local_node
 
 
@@ -52,8 +53,10 @@ class LocalBackend(Backend):
         argv = torchrun_argv(self.cfg, self.run_dir, c.nnodes, c.node_rank if c.nnodes > 1 else None,
                              f"{c.master_addr}:{self.port}", rdzv_id=f"llmtrain-{self.port}",
                              worker_module=self.worker_module)
-        agent = [node_python(self.cfg), "-m", "llmtrain.launch.node_agent", self.run_dir, str(c.node_rank), "--"]
-        return [NodeCommand(host="localhost", node_rank=c.node_rank, argv=agent + argv, env=worker_env(self.cfg))]
+        python, env = node_python(self.cfg), worker_env(self.cfg)
+        agent = [python, "-m", "llmtrain.launch.node_agent", self.run_dir, str(c.node_rank), "--"]
+        return [NodeCommand(host="localhost", node_rank=c.node_rank, argv=wrap_for_gloo(agent + argv, env, python),
+                            env=env)]
 
     def run(self, monitor) -> int:
         cmd = self.node_commands()[0]

@@ -16,6 +16,7 @@ from llmtrain.config import to_yaml
 from llmtrain.config.errors import ConfigError
 from llmtrain.data.errors import DataError
 from llmtrain.console import fold_table, get_console
+from llmtrain.jobs.record import LaunchRecord
 from llmtrain.launch import run_identity, stopping
 from llmtrain.launch.backend import get_backend
 from llmtrain.launch.monitor import Monitor, RendezvousTimeout
@@ -154,6 +155,19 @@ def launch(cfg: DictConfig) -> int:
 
 
 def _run(cfg: DictConfig, backend, console) -> int:
+    # Recorded before the job starts, so `llmtrain status|follow|cancel RUN_DIR` find it from the start; completed
+    # when the launcher returns: its exit code, and the Slurm job id (without cluster.follow the launcher returns
+    # right after sbatch; a following launcher holds the lock itself until the job ends).
+    record = LaunchRecord.start(cfg, backend)
+    code = None
+    try:
+        code = _start_and_follow(cfg, backend, console)
+        return code
+    finally:
+        record.ended(code, getattr(backend, "job_id", None))
+
+
+def _start_and_follow(cfg: DictConfig, backend, console) -> int:
     run_dir = cfg.run.dir
     dims = ParallelDims.from_config(cfg)
     console.print(f"llmtrain: run directory {run_dir}; {dims.world_size} ranks "
@@ -174,7 +188,8 @@ def _run(cfg: DictConfig, backend, console) -> int:
         console.print(f"llmtrain: {e}", markup=False, highlight=False, soft_wrap=True)
         stopping.stop_job(backend, run_dir, console)
         return EXIT_FAILED
-    if code == 0:
+    # A backend that can return before its job ends (a Slurm submission) says whether the job did.
+    if code == 0 and getattr(backend, "finished_job", True):
         console.print(f"llmtrain: job finished; metrics in {os.path.join(run_dir, 'metrics.jsonl')}",
                       markup=False, highlight=False)
     return code

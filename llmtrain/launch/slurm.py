@@ -1,8 +1,14 @@
 """cluster=slurm: render an sbatch script from the config, submit it, and optionally follow the job.
 
 The script runs one task per node (`srun`), each a node agent around torchrun with a c10d rendezvous on the job's
-first node. `--signal=USR1@N` gives the workers N seconds' notice before the time limit, `--requeue` lets Slurm
-restart a preempted job, and `checkpoint.resume=auto` makes the restarted job continue from its newest checkpoint.
+first node, on a port of its own (20000 + job id % 20000 unless cluster.master_port is set) so jobs sharing a node
+never share a rendezvous. `--signal=USR1@N` gives the workers N seconds' notice before the time limit, `--requeue`
+lets Slurm restart a preempted job, and `checkpoint.resume=auto` makes the restarted job continue from its newest
+checkpoint.
+
+A submitted job belongs to Slurm: the launcher only submits it, and with cluster.follow follows it. Ctrl-C stops
+following and leaves the job running; a job Slurm will never start (NEVER_STARTS) is cancelled with its reason.
+Every scontrol/scancel call has a timeout: a slow controller delays the follower, it never hangs it.
 """
 
 from __future__ import annotations
@@ -12,12 +18,145 @@ import re
 import shlex
 import subprocess
 
+from omegaconf import ListConfig
+
 from llmtrain.config.errors import ConfigError
 from llmtrain.launch.backend import Backend, NodeCommand, node_python, torchrun_argv, worker_env
 from llmtrain.launch.failures import report_failure
+from llmtrain.launch.node_env import wrap_for_gloo
+from llmtrain.launch.node_setup import setup_statements
 
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
                 "DEADLINE", "PREEMPTED"}
+# Allocated or waiting, with no process started yet: nothing there can checkpoint.
+NOT_STARTED_STATES = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD"}
+SLURM_TIMEOUT_S = 20
+SBATCH_TIMEOUT_S = 60
+# The rendezvous port of a job without cluster.master_port, as the script computes it.
+PORT_BASE, PORT_SPAN = 20000, 20000
+EXIT_DETACHED = 0  # Ctrl-C: the launcher stopped following and the job runs on, as `llmtrain follow` exits
+EXIT_NEVER_STARTS = 1
+EXIT_INTERRUPTED = 130
+
+# Pending reasons after which the job cannot start until someone changes it or the cluster's configuration, each
+# with the config key behind it. Kept conservative: reasons that can clear by themselves (Resources, Priority,
+# Dependency, ReqNodeNotAvail, per-user or per-account limits that other jobs free when they end, ...) are shown and
+# waited out. PartitionNodeLimit and PartitionConfig (which some Slurm versions give for the same request) also
+# show while a partition's nodes are down, so they only count when the partition has fewer nodes than the job asks.
+NODE_COUNT_REASONS = ("PartitionNodeLimit", "PartitionConfig")
+NEVER_STARTS = {
+    "PartitionNodeLimit": "cluster.nnodes",
+    "PartitionConfig": "cluster.nnodes",
+    "PartitionTimeLimit": "cluster.time",
+    "BadConstraints": "cluster.sbatch_extra",
+    "InvalidAccount": "cluster.account",
+    "AccountNotAllowed": "cluster.account",
+    "InvalidQOS": "cluster.sbatch_extra",
+    "QOSMaxNodePerJobLimit": "cluster.nnodes",
+    "QOSMaxWallDurationPerJobLimit": "cluster.time",
+    "QOSMaxGRESPerJob": "cluster.gpus_per_node",
+    "QOSMaxCpuPerJobLimit": "cluster.cpus_per_node",
+    "AssocMaxNodesPerJobLimit": "cluster.nnodes",
+    "AssocMaxWallDurationPerJobLimit": "cluster.time",
+    "DependencyNeverSatisfied": "cluster.sbatch_extra",
+}
+
+# sbatch's refusals, matched in this order against its message, and the config key behind each; "cluster" when the
+# message does not tell which of several it is.
+SBATCH_REFUSALS = (
+    (r"violates accounting/qos policy", "cluster"),
+    (r"\baccount\b", "cluster.account"),
+    (r"time limit|--time\b|time specification", "cluster.time"),
+    (r"gres|gpu", "cluster.gpus_per_node"),
+    (r"partition", "cluster.partition"),
+    (r"\bcpus?\b|cpus-per-task|processors", "cluster.cpus_per_node"),
+    (r"node count|--nodes\b", "cluster.nnodes"),
+    (r"qos|constraint|feature|memory|--mem|unrecognized option|invalid option", "cluster.sbatch_extra"),
+)
+# What an ambiguous refusal may be about.
+REQUEST_KEYS = ("cluster.nnodes", "cluster.gpus_per_node", "cluster.cpus_per_node", "cluster.time")
+
+
+def refusal_key(stderr: str) -> str:
+    """The config key behind an sbatch refusal."""
+    text = stderr.lower()
+    return next((key for pattern, key in SBATCH_REFUSALS if re.search(pattern, text)), "cluster")
+
+
+def parse_fields(text: str) -> dict[str, str]:
+    """`Key=Value` pairs of scontrol's output (the first of each key)."""
+    fields: dict[str, str] = {}
+    for key, value in re.findall(r"(?:^|\s)([A-Za-z][\w:/]*)=(\S*)", text):
+        fields.setdefault(key, value)
+    return fields
+
+
+def exit_code(job: dict[str, str]) -> int | None:
+    """ExitCode=code:signal as a shell's $? (a signal is 128 + its number)."""
+    match = re.fullmatch(r"(\d+):(\d+)", job.get("ExitCode", ""))
+    if not match:
+        return None
+    code, sig = int(match.group(1)), int(match.group(2))
+    return code or (128 + sig if sig else 0)
+
+
+def _int(value: str | None) -> int | None:
+    return int(value) if value and value.isdigit() else None
+
+
+def too_few_nodes(job: dict[str, str], partition: dict[str, str] | None) -> str | None:
+    """Why a job pending for its node count (NODE_COUNT_REASONS) can never start (it asks for more nodes than its partition has
+    or allows per job), or None when that cannot be told (the partition may just have nodes down)."""
+    nodes = _int(job.get("NumNodes", "").split("-")[0])
+    if nodes is None or not partition:
+        return None
+    name = partition.get("PartitionName", job.get("Partition", "?"))
+    total, most = _int(partition.get("TotalNodes")), _int(partition.get("MaxNodes"))
+    if total is not None and nodes > total:
+        return f"cluster.nnodes={nodes}, but partition {name} has {total} node(s)"
+    if most is not None and nodes > most:
+        return f"cluster.nnodes={nodes}, but partition {name} allows {most} node(s) per job"
+    return None
+
+
+def never_starts(job: dict[str, str], partition: dict[str, str] | None) -> str | None:
+    """Why a pending job can never start, or None while it may (see NEVER_STARTS)."""
+    reason = job.get("Reason", "")
+    if reason not in NEVER_STARTS:
+        return None
+    if reason in NODE_COUNT_REASONS:
+        why = too_few_nodes(job, partition)
+        return f"Reason={reason}: {why}" if why else None
+    return f"Reason={reason}: check {NEVER_STARTS[reason]}"
+
+
+def _slurm(*argv: str, timeout: float = SLURM_TIMEOUT_S) -> subprocess.CompletedProcess | None:
+    """Run a Slurm command; None when it is missing or did not answer in time."""
+    try:
+        return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def _last_line(out: subprocess.CompletedProcess) -> str:
+    lines = (out.stderr or out.stdout or "").strip().splitlines()
+    return lines[-1].strip() if lines else f"exit code {out.returncode}"
+
+
+def _show(value) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, (list, tuple, ListConfig)):
+        return "[" + ", ".join(str(v) for v in value) + "]"
+    return str(value)
+
+
+class _Seen:
+    """What the follower has said so far, so it speaks only of changes."""
+
+    def __init__(self):
+        self.state: str | None = None
+        self.reason: str | None = None
 
 
 class SlurmBackend(Backend):
@@ -28,12 +167,29 @@ class SlurmBackend(Backend):
         super().__init__(cfg, run_dir, worker_module)
         self.job_id: str | None = None
         self.workdir = cfg.cluster.workdir or os.getcwd()
+        # Whether run() returned because the job ended (not because it was submitted, left, or never started):
+        # only then is "job finished" true.
+        self.finished_job = False
+        self.console = None
 
+    # ---------------------------------------------------------------------------------------------- the script
     def script(self) -> str:
-        c, cfg = self.cfg.cluster, self.cfg
-        name = c.job_name or f"llmtrain-{cfg.run.name}"
-        lines = ["#!/bin/bash", f"#SBATCH --job-name={name}", f"#SBATCH --nodes={c.nnodes}",
-                 "#SBATCH --ntasks-per-node=1",
+        c = self.cfg.cluster
+        lines = ["#!/bin/bash", *self._sbatch_options(), "set -euo pipefail", f"cd {shlex.quote(self.workdir)}"]
+        lines += self._setup_lines()
+        env = worker_env(self.cfg)
+        env["LLMTRAIN_AGENT_WATCH_STDIN"] = "0"  # srun gives tasks no stdin to watch
+        lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items())]
+        port = str(c.master_port) if c.master_port else f"$(({PORT_BASE} + SLURM_JOB_ID % {PORT_SPAN}))"
+        lines += ['head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)', f"port={port}",
+                  'echo "llmtrain: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, rendezvous ${head}:${port} '
+                  '(restart ${SLURM_RESTART_COUNT:-0})"',
+                  f"srun --nodes={c.nnodes} --ntasks-per-node=1 --kill-on-bad-exit=1 {self._node_command(env)}"]
+        return "\n".join(lines) + "\n"
+
+    def _sbatch_options(self) -> list[str]:
+        c = self.cfg.cluster
+        lines = [f"#SBATCH --job-name={self._job_name()}", f"#SBATCH --nodes={c.nnodes}", "#SBATCH --ntasks-per-node=1",
                  f"#SBATCH --output={os.path.join(self.run_dir, 'logs', 'slurm-%j.out')}",
                  "#SBATCH --open-mode=append", f"#SBATCH --signal=USR1@{c.signal_before_end_s}"]
         for option, value in (("partition", c.partition), ("account", c.account), ("time", c.time),
@@ -44,22 +200,24 @@ class SlurmBackend(Backend):
             lines.append(f"#SBATCH --gpus-per-node={self.gpus_per_node()}")
         if c.requeue:
             lines.append("#SBATCH --requeue")
-        lines += [f"#SBATCH {extra}" for extra in c.sbatch_extra]
-        env = worker_env(cfg)
-        env["LLMTRAIN_AGENT_WATCH_STDIN"] = "0"  # srun gives tasks no stdin to watch
-        port = str(c.master_port) if c.master_port else "$((20000 + SLURM_JOB_ID % 20000))"
-        # These two arguments are expanded by the job's shell; every other one is quoted.
+        return lines + [f"#SBATCH {extra}" for extra in c.sbatch_extra]
+
+    def _setup_lines(self) -> list[str]:
+        """cluster.setup, in the batch shell before srun: the tasks srun starts inherit what it exports."""
+        if not self.cfg.cluster.setup:
+            return []
+        return ["set +u  # set-up scripts (module, conda, venv activate) may read unset variables",
+                *setup_statements(self.cfg.cluster.setup), "set -u"]
+
+    def _node_command(self, env: dict[str, str]) -> str:
+        """The node agent + torchrun, quoted, but for the two arguments the job's shell expands."""
+        cfg = self.cfg
         endpoint, rdzv_id = "--rdzv-endpoint=${head}:${port}", "--rdzv-id=llmtrain-${SLURM_JOB_ID}"
-        torchrun = torchrun_argv(cfg, self.run_dir, c.nnodes, None, "${head}:${port}", "llmtrain-${SLURM_JOB_ID}",
-                                 self.worker_module)
+        torchrun = torchrun_argv(cfg, self.run_dir, cfg.cluster.nnodes, None, "${head}:${port}",
+                                 "llmtrain-${SLURM_JOB_ID}", self.worker_module)
         agent = [node_python(cfg), "-m", "llmtrain.launch.node_agent", self.run_dir, "slurm", "--", *torchrun]
-        command = " ".join(f'"{a}"' if a in (endpoint, rdzv_id) else shlex.quote(a) for a in agent)
-        lines += ["set -euo pipefail", f"cd {shlex.quote(self.workdir)}"]
-        lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items())]
-        lines += ['head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)', f"port={port}",
-                  'echo "llmtrain: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST (restart ${SLURM_RESTART_COUNT:-0})"',
-                  f"srun --nodes={c.nnodes} --ntasks-per-node=1 --kill-on-bad-exit=1 {command}"]
-        return "\n".join(lines) + "\n"
+        agent = wrap_for_gloo(agent, env, node_python(cfg))
+        return " ".join(f'"{a}"' if a in (endpoint, rdzv_id) else shlex.quote(a) for a in agent)
 
     def gpus_per_node(self) -> int:
         """cluster.gpus_per_node, else one GPU per process (none for a CPU job)."""
@@ -68,6 +226,15 @@ class SlurmBackend(Backend):
             return c.gpus_per_node
         return 0 if self.cfg.device == "cpu" else c.nproc_per_node
 
+    def rendezvous_port(self) -> str:
+        c = self.cfg.cluster
+        if c.master_port:
+            return str(c.master_port)
+        if self.job_id and self.job_id.isdigit():
+            return str(PORT_BASE + int(self.job_id) % PORT_SPAN)
+        return f"{PORT_BASE} + job id % {PORT_SPAN}"
+
+    # ------------------------------------------------------------------------------------------ the interface
     def check_ready(self) -> None:
         import shutil
 
@@ -79,7 +246,10 @@ class SlurmBackend(Backend):
     def job_holding_run_dir(self) -> str | None:
         if self.job_id is None:
             return None
-        state = self.job_state()[0]
+        job = self.job_info()
+        if job is None:  # scontrol did not answer: the job may well run on
+            return self.job_id
+        state = job.get("JobState", "UNKNOWN")
         return None if state in FINAL_STATES or state == "UNKNOWN" else self.job_id
 
     def preview(self) -> str:
@@ -91,6 +261,7 @@ class SlurmBackend(Backend):
     def node_commands(self) -> list[NodeCommand]:
         return [NodeCommand(host="sbatch", node_rank=0, argv=["sbatch", "--parsable", self.script_path()])]
 
+    # ------------------------------------------------------------------------------------------ submitting
     def submit(self) -> str:
         path = self.script_path()
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -99,38 +270,67 @@ class SlurmBackend(Backend):
             f.write(self.script())
         os.replace(tmp, path)
         try:
-            out = subprocess.run(["sbatch", "--parsable", path], capture_output=True, text=True, timeout=60)
+            out = subprocess.run(["sbatch", "--parsable", path], capture_output=True, text=True,
+                                 timeout=SBATCH_TIMEOUT_S)
         except FileNotFoundError:
             raise ConfigError("cluster.name", "cluster=slurm but sbatch is not on PATH on this node") from None
+        except subprocess.TimeoutExpired:
+            raise ConfigError("cluster", f"sbatch did not answer within {SBATCH_TIMEOUT_S} s; squeue -u $USER shows "
+                                         "whether the job was submitted") from None
         if out.returncode != 0:
-            raise ConfigError("cluster", f"sbatch refused the job: {out.stderr.strip().splitlines()[-1:]}")
+            raise self.refusal(out.stderr or out.stdout)
         self.job_id = out.stdout.strip().split(";")[0]
         return self.job_id
 
-    def job_state(self) -> tuple[str, int | None]:
-        """(state, exit code) from scontrol; ("UNKNOWN", None) once the job has left the controller."""
-        out = subprocess.run(["scontrol", "show", "job", self.job_id], capture_output=True, text=True, timeout=30)
-        state = re.search(r"JobState=(\S+)", out.stdout)
-        code = re.search(r"ExitCode=(\d+):(\d+)", out.stdout)
-        exit_code = None
-        if code:
-            exit_code = int(code.group(1)) or (128 + int(code.group(2)) if int(code.group(2)) else 0)
-        return (state.group(1) if state else "UNKNOWN"), exit_code
+    def refusal(self, stderr: str) -> ConfigError:
+        """sbatch's refusal as an error naming the config key behind it, with sbatch's own words."""
+        lines = [ln.strip() for ln in stderr.strip().splitlines() if ln.strip()]
+        said = "; ".join(lines[-2:]) or "no message"
+        key = refusal_key(stderr)
+        keys = REQUEST_KEYS if key == "cluster" else (key,)
+        asked = ", ".join(f"{k}={_show(self._requested(k))}" for k in keys)
+        return ConfigError(key, f"sbatch refused the job ({asked}): {said}")
+
+    def _requested(self, key: str):
+        if key == "cluster.gpus_per_node":
+            return self.gpus_per_node()
+        return self.cfg.cluster[key.split(".", 1)[1]]
+
+    # ------------------------------------------------------------------------------------------ following
+    def _say(self, text: str) -> None:
+        from llmtrain.console import get_console
+
+        (self.console or get_console()).print(f"llmtrain: {text}", markup=False, highlight=False, soft_wrap=True)
 
     def run(self, monitor) -> int:
-        job = self.submit()
-        monitor.console.print(f"llmtrain: submitted Slurm job {job} ({self.script_path()})", markup=False,
-                              highlight=False)
+        self.console = monitor.console
+        try:
+            job = self.submit()
+        except KeyboardInterrupt:
+            self._say(f"interrupted while submitting; squeue -u $USER -n {self._job_name()} shows whether Slurm "
+                      "got the job")
+            return EXIT_INTERRUPTED
+        self._say(f"submitted Slurm job {job} ({self.script_path()}); rendezvous on the job's first node, port "
+                  f"{self.rendezvous_port()}")
         if not self.cfg.cluster.follow:
-            monitor.console.print(f"llmtrain: follow it with: squeue -j {job}; logs in "
-                                  f"{os.path.join(self.run_dir, 'logs')}", markup=False, highlight=False)
+            self._say(f"follow it: squeue -j {job}, or llmtrain follow {self.run_dir} (logs in "
+                      f"{os.path.join(self.run_dir, 'logs')})")
+            self._say(f"cancel it: scancel {job}, or llmtrain cancel {self.run_dir}")
             return 0
-        code = self.follow(monitor)
+        try:
+            code = self.follow(monitor)
+        except KeyboardInterrupt:
+            self._say(f"stopped following job {job}; it keeps running (llmtrain cancel {self.run_dir} or scancel "
+                      f"{job} to stop it)")
+            return EXIT_DETACHED
         code = 1 if code is None else code
-        if code != 0:
+        if code != 0 and self.finished_job:
             # srun gathers every node's torchrun output into the job's log; ranks are global there.
             report_failure(monitor.console, self.run_dir, self.job_output(), code)
         return code
+
+    def _job_name(self) -> str:
+        return self.cfg.cluster.job_name or f"llmtrain-{self.cfg.run.name}"
 
     def job_output(self) -> str:
         try:
@@ -139,25 +339,92 @@ class SlurmBackend(Backend):
         except FileNotFoundError:
             return ""
 
-    def follow(self, monitor, timeout_s: float | None = None) -> int | None:
-        last = [None]
-
-        def poll() -> int | None:
-            state, code = self.job_state()
-            if state != last[0]:
-                monitor.console.print(f"llmtrain: job {self.job_id} {state}", markup=False, highlight=False)
-                last[0] = state
-            if state in FINAL_STATES or state == "UNKNOWN":
-                return 0 if state == "COMPLETED" else (code or 1)
+    def job_info(self) -> dict[str, str] | None:
+        """scontrol's fields for the job; {} once it has left the controller; None when scontrol did not answer."""
+        out = _slurm("scontrol", "show", "job", str(self.job_id))
+        if out is None:
             return None
+        fields = parse_fields(out.stdout)
+        if "JobState" in fields:
+            return fields
+        return {} if "invalid job id" in (out.stderr + out.stdout).lower() else None
 
-        return monitor.follow(poll, interval_s=2.0, timeout_s=timeout_s)
+    def partition_info(self, name: str | None) -> dict[str, str] | None:
+        out = _slurm("scontrol", "show", "partition", name) if name else None
+        fields = parse_fields(out.stdout) if out is not None and out.returncode == 0 else {}
+        return fields if "PartitionName" in fields else None
+
+    def follow(self, monitor, timeout_s: float | None = None) -> int | None:
+        seen = _Seen()
+        return monitor.follow(lambda: self._poll(seen), interval_s=2.0, timeout_s=timeout_s)
+
+    def _poll(self, seen: _Seen) -> int | None:
+        job = self.job_info()
+        if job is None:
+            return None  # scontrol did not answer in time: ask again at the next poll
+        state = job.get("JobState", "UNKNOWN")
+        self._show_state(job, state, seen)
+        if state == "PENDING":
+            return self._stop_if_never_starts(job)
+        if state in FINAL_STATES or state == "UNKNOWN":
+            self.finished_job = True
+            return 0 if state == "COMPLETED" else (exit_code(job) or 1)
+        return None
+
+    def _show_state(self, job: dict[str, str], state: str, seen: _Seen) -> None:
+        reason = job.get("Reason", "None")
+        if state == seen.state and reason == seen.reason:
+            return
+        seen.state, seen.reason = state, reason
+        if state == "RUNNING":
+            detail = (f" on {job.get('NodeList', '?')}; rendezvous at {self._first_node(job.get('NodeList'))}:"
+                      f"{self.rendezvous_port()}")
+        else:
+            detail = f" (Reason={reason})" if reason not in ("None", "") else ""
+        self._say(f"job {self.job_id} {state}{detail}")
+
+    def _first_node(self, nodelist: str | None) -> str:
+        out = _slurm("scontrol", "show", "hostnames", nodelist) if nodelist else None
+        names = out.stdout.split() if out is not None and out.returncode == 0 else []
+        return names[0] if names else "the job's first node"
+
+    def _stop_if_never_starts(self, job: dict[str, str]) -> int | None:
+        reason = job.get("Reason")
+        if reason not in NEVER_STARTS:
+            return None
+        partition = self.partition_info(job.get("Partition")) if reason in NODE_COUNT_REASONS else None
+        why = never_starts(job, partition)
+        if why is None:
+            return None
+        failed = self.cancel()
+        done = "cancelled it" if failed is None else f"could not cancel it ({failed}): scancel {self.job_id}"
+        self._say(f"job {self.job_id} can never start ({why}); {done}")
+        return EXIT_NEVER_STARTS
+
+    def cancel(self) -> str | None:
+        """scancel the job; None when that worked, else why not."""
+        out = _slurm("scancel", str(self.job_id))
+        if out is None:
+            return f"scancel did not answer within {SLURM_TIMEOUT_S} s"
+        return None if out.returncode == 0 else _last_line(out)
 
     def signal_workers(self, sig: int) -> int:
-        if self.job_id:
-            subprocess.run(["scancel", "--signal=USR1", "--full", self.job_id], capture_output=True, timeout=30)
-            return 1
-        return 0
+        """Ask the job's workers to checkpoint and stop. A job that has not started has none: it is cancelled,
+        which is what stopping it means."""
+        if not self.job_id:
+            return 0
+        job = self.job_info()
+        state = (job or {}).get("JobState")
+        if state in NOT_STARTED_STATES:
+            failed = self.cancel()
+            done = "cancelled it" if failed is None else f"could not cancel it ({failed}): scancel {self.job_id}"
+            self._say(f"job {self.job_id} is {state}: no worker to checkpoint; {done}")
+            return 0
+        if job == {} or state in FINAL_STATES:
+            return 0
+        # The job's steps only, as --signal=USR1@N does: the batch shell has no handler and would die of USR1.
+        out = _slurm("scancel", "--signal=USR1", str(self.job_id))
+        return 1 if out is not None and out.returncode == 0 else 0
 
     def stop(self) -> None:
         """A submitted job belongs to Slurm: stopping the launcher only stops following it (scancel ends it)."""

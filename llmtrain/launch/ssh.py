@@ -3,13 +3,19 @@
 Each host runs `node_agent -- torchrun ...` in the same working directory and Python (shared filesystem), with
 the network/env variables exported explicitly. The ssh connection's stdin ties the remote tree to the launcher:
 closing it stops everything on that host. Every value that reaches the remote shell goes through shlex.quote, and
-hostnames are validated when the hostfile is read.
+hostnames are validated when the hostfile is read; cluster.setup lines run before the agent (see node_setup).
+
+The rendezvous port is one per run: cluster.master_port when set; else a free port of the first host when the
+launcher runs there (checked by binding it); else one drawn at random from RANDOM_PORTS, said in the start line,
+since the first host's free ports cannot be checked from here.
 """
 
 from __future__ import annotations
 
 import os
+import random
 import shlex
+import socket
 import time
 import uuid
 
@@ -18,8 +24,11 @@ from llmtrain.launch import processes
 from llmtrain.launch.backend import Backend, NodeCommand, node_python, torchrun_argv, worker_env
 from llmtrain.launch.hostfile import cluster_hosts
 from llmtrain.launch.failures import culprit_node, report_failure, tail
+from llmtrain.launch.node_env import wrap_for_gloo
+from llmtrain.launch.node_setup import setup_statements
 
-DEFAULT_PORT = 29500
+# Below Linux's ephemeral range (32768-60999), where outgoing connections take their ports.
+RANDOM_PORTS = (20000, 32767)
 # After the first node fails, how long the others get to fail on their own: their torchrun summaries tell which
 # node's rank died first (the first node to exit is often one whose ranks only lost a peer).
 SETTLE_S = 15.0
@@ -38,10 +47,51 @@ def ssh_base(cluster) -> list[str]:
     return argv
 
 
-def remote_command(cmd: NodeCommand, workdir: str) -> str:
-    """One shell string: cd, then exec env VAR=value... argv; every piece quoted."""
+def remote_command(cmd: NodeCommand, workdir: str, setup=()) -> str:
+    """One shell string: cd, the cluster.setup lines, then exec env VAR=value... argv. Every piece is quoted but the
+    set-up lines, which are shell code on purpose, each run on its own (node_setup)."""
     exports = [f"{k}={v}" for k, v in sorted(cmd.env.items())]
-    return f"cd {shlex.quote(workdir)} && exec env {shlex.join(exports)} {shlex.join(cmd.argv)}"
+    run = f"exec env {shlex.join(exports)} {shlex.join(cmd.argv)}"
+    if not setup:
+        return f"cd {shlex.quote(workdir)} && {run}"
+    return "; ".join([f"cd {shlex.quote(workdir)} || exit 1", *setup_statements(setup), run])
+
+
+def _bindable(address: str) -> bool:
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    try:
+        with socket.socket(family) as s:
+            s.bind((address, 0))
+        return True
+    except OSError:
+        return False
+
+
+def is_this_host(name: str) -> bool:
+    """Whether `name` is this machine: its own host name, or a name whose address can be bound here."""
+    if name == "localhost" or name.split(".")[0] == socket.gethostname().split(".")[0]:
+        return True
+    try:
+        addresses = {info[4][0] for info in socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)}
+    except OSError:
+        return False
+    return any(_bindable(a) for a in addresses)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def rendezvous_port(cluster, head: str) -> tuple[int, str]:
+    """The rendezvous port on `head` and where it comes from (said when the job starts)."""
+    if cluster.master_port:
+        return cluster.master_port, "cluster.master_port"
+    if is_this_host(head):
+        return free_port(), "a free port of this host"
+    return random.randint(*RANDOM_PORTS), (f"a random port: {head} is not this host, so whether it is free cannot "
+                                           "be checked from here; cluster.master_port=N chooses one")
 
 
 class SSHBackend(Backend):
@@ -56,7 +106,7 @@ class SSHBackend(Backend):
     def __init__(self, cfg, run_dir, worker_module="llmtrain.worker"):
         super().__init__(cfg, run_dir, worker_module)
         self.hosts = cluster_hosts(cfg.cluster)
-        self.port = cfg.cluster.master_port or DEFAULT_PORT
+        self.port, self.port_origin = rendezvous_port(cfg.cluster, self.hosts[0].name)
         self.rdzv_id = f"llmtrain-{uuid.uuid4().hex[:12]}"
         self.workdir = cfg.cluster.workdir or os.getcwd()
         self.procs: list = []
@@ -69,18 +119,31 @@ class SSHBackend(Backend):
         for rank, host in enumerate(self.hosts):
             torchrun = torchrun_argv(self.cfg, self.run_dir, len(self.hosts), rank, f"{head}:{self.port}",
                                      self.rdzv_id, self.worker_module)
-            argv = [node_python(self.cfg), "-m", "llmtrain.launch.node_agent", self.run_dir, str(rank), "--",
-                    *torchrun]
-            cmds.append(NodeCommand(host=host.name, node_rank=rank, argv=argv, env=worker_env(self.cfg)))
+            env, python = worker_env(self.cfg), node_python(self.cfg)
+            argv = wrap_for_gloo([python, "-m", "llmtrain.launch.node_agent", self.run_dir, str(rank), "--",
+                                  *torchrun], env, python)
+            cmds.append(NodeCommand(host=host.name, node_rank=rank, argv=argv, env=env))
         return cmds
+
+    def endpoint_line(self) -> str:
+        return f"rendezvous at {self.hosts[0].name}:{self.port} ({self.port_origin})"
+
+    def preview(self) -> str:
+        lines = [self.endpoint_line()]
+        if self.cfg.cluster.setup:
+            lines.append("set-up on every node, in order, before the node agent (cluster.setup):")
+            lines += [f"  {line}" for line in self.cfg.cluster.setup]
+        return "\n".join(lines + [super().preview()])
 
     def command_line(self, cmd: NodeCommand) -> str:
         return shlex.join(self.ssh_argv(cmd))
 
     def ssh_argv(self, cmd: NodeCommand) -> list[str]:
-        return ssh_base(self.cfg.cluster) + [cmd.host, remote_command(cmd, self.workdir)]
+        return ssh_base(self.cfg.cluster) + [cmd.host, remote_command(cmd, self.workdir, self.cfg.cluster.setup)]
 
     def run(self, monitor) -> int:
+        monitor.console.print(f"llmtrain: {self.endpoint_line()}; starting {len(self.hosts)} node(s) over ssh",
+                              markup=False, highlight=False, soft_wrap=True)
         for cmd in self.node_commands():
             output: list[str] = []
             log = os.path.join(self.run_dir, "logs", f"node{cmd.node_rank}.log")

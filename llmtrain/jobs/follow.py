@@ -1,0 +1,74 @@
+"""`llmtrain follow RUN_DIR`: the launcher's live view of a job, attached from any terminal of the head node.
+
+Rank 0's log and the progress line come from the run directory (launch's Monitor), until the job ends: its lock
+is released, its holder is gone, or its Slurm job reached a final state. Ctrl-C only detaches.
+"""
+
+from __future__ import annotations
+
+import time
+
+from llmtrain.console import get_console
+from llmtrain.jobs import rundir
+from llmtrain.jobs.state import FAILED, FINISHED, INTERRUPTED, PREEMPTED, UNKNOWN, JobState, job_state
+from llmtrain.jobs.status import facts
+
+EXIT_BY_STATE = {FINISHED: 0, FAILED: 1, INTERRUPTED: 130, PREEMPTED: 143, UNKNOWN: 1}
+SLURM_POLL_S = 2.0  # how often scontrol is asked, as the launcher does
+
+
+def summary(run_dir: str, cfg, job: JobState) -> str:
+    """One line: how the job ended (or stands), the step it reached and its newest checkpoint."""
+    f = facts(run_dir, cfg, job)
+    checkpoint = f"checkpoint step {f['checkpoint']['step']} in {f['checkpoint']['path']}" if f["checkpoint"] \
+        else "no checkpoint"
+    return f"llmtrain: {job.state}: {job.reason}; step {f['step']}/{f['max_steps']}; {checkpoint}"
+
+
+class JobWatch:
+    """Tells the monitor when the job has ended, and says when its state changes (a Slurm job that starts)."""
+
+    def __init__(self, run_dir: str, console, job: JobState):
+        self.run_dir = run_dir
+        self.console = console
+        self.job = job
+        self.checked = time.monotonic()
+
+    def _slurm(self) -> bool:
+        return self.job.slurm is not None or bool(self.job.holder.get("job"))
+
+    def poll(self) -> int | None:
+        if self._slurm() and time.monotonic() - self.checked < SLURM_POLL_S:
+            return None
+        self.checked = time.monotonic()
+        job = job_state(self.run_dir)
+        if job.live and (job.state, job.job_id) != (self.job.state, self.job.job_id):
+            self.console.print(f"llmtrain: {job.state}: {job.reason}", markup=False, highlight=False)
+        self.job = job
+        return None if job.live else EXIT_BY_STATE.get(job.state, 1)
+
+
+def run_follow(args) -> int:
+    from llmtrain.launch.monitor import Monitor
+
+    run_dir, cfg = rundir.load(args.run_dir)
+    console = get_console()
+    job = job_state(run_dir)
+    if job.state == UNKNOWN:
+        console.print(f"llmtrain: cannot follow: {job.reason}", markup=False, highlight=False)
+        return EXIT_BY_STATE[UNKNOWN]
+    if not job.live:
+        console.print(summary(run_dir, cfg, job), markup=False, highlight=False)
+        return EXIT_BY_STATE.get(job.state, 1)
+    console.print(f"llmtrain: following {run_dir}: {job.state}, {job.reason} (Ctrl-C stops following; the job "
+                  "keeps running)", markup=False, highlight=False, soft_wrap=True)
+    monitor = Monitor(run_dir, cfg.train.max_steps, console, nnodes=cfg.cluster.nnodes,
+                      max_restarts=cfg.launch.max_restarts, nproc_per_node=cfg.cluster.nproc_per_node)
+    watch = JobWatch(run_dir, console, job)
+    try:
+        monitor.follow(watch.poll)
+    except KeyboardInterrupt:
+        console.print("llmtrain: stopped following; the job keeps running", markup=False, highlight=False)
+        return 0
+    console.print(summary(run_dir, cfg, watch.job), markup=False, highlight=False)
+    return EXIT_BY_STATE.get(watch.job.state, 1)

@@ -1,0 +1,76 @@
+"""What Slurm says about a job: `scontrol show job` (state, nodes, exit code) and `scancel`."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from dataclasses import dataclass, field
+
+from llmtrain.launch.run_lock import SLURM_ENDED
+
+# Not started yet: nothing runs, so there is nothing to checkpoint.
+PENDING_STATES = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"}
+
+
+@dataclass
+class SlurmJob:
+    job_id: str
+    state: str  # "UNKNOWN" once the job has left the controller
+    nodes: list[str] = field(default_factory=list)
+    exit_code: int | None = None
+    reason: str = ""
+
+    @property
+    def ended(self) -> bool:
+        return self.state in SLURM_ENDED
+
+    @property
+    def pending(self) -> bool:
+        return self.state in PENDING_STATES
+
+
+def query(job_id: str) -> SlurmJob | None:
+    """The job as scontrol shows it; None when scontrol is not here to ask (or does not answer)."""
+    out = _scontrol("show", "job", str(job_id))
+    if out is None:
+        return None
+    state = re.search(r"\bJobState=(\S+)", out)
+    if not state:
+        return SlurmJob(str(job_id), "UNKNOWN")
+    reason = re.search(r"\bReason=(\S+)", out)
+    code = re.search(r"\bExitCode=(\d+):(\d+)", out)
+    exit_code = None
+    if code:  # a signal shows as 128 + its number, like a shell's $?
+        exit_code = int(code.group(1)) or (128 + int(code.group(2)) if int(code.group(2)) else 0)
+    nodelist = re.search(r"(?m)^\s*NodeList=(\S+)", out)
+    nodes = _hostnames(nodelist.group(1)) if nodelist and nodelist.group(1) != "(null)" else []
+    return SlurmJob(str(job_id), state.group(1), nodes, exit_code,
+                    reason.group(1) if reason and reason.group(1) != "None" else "")
+
+
+def _hostnames(nodelist: str) -> list[str]:
+    """node[1-2] -> [node1, node2] (scontrol expands it); the list as given when that fails."""
+    out = _scontrol("show", "hostnames", nodelist)
+    return out.split() if out else [nodelist]
+
+
+def _scontrol(*args: str) -> str | None:
+    try:
+        out = subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=30)
+    except (FileNotFoundError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout
+
+
+def scancel(*args: str) -> str | None:
+    """Run scancel; None when it worked, else what went wrong, in one line."""
+    try:
+        out = subprocess.run(["scancel", *args], capture_output=True, text=True, timeout=60)
+    except FileNotFoundError:
+        return "scancel is not on PATH on this node"
+    except subprocess.TimeoutExpired:
+        return "scancel did not answer within 60 s"
+    if out.returncode != 0:
+        lines = (out.stderr or out.stdout or "").strip().splitlines()
+        return lines[-1] if lines else f"scancel exited with {out.returncode}"
+    return None

@@ -1,0 +1,143 @@
+"""`llmtrain status RUN_DIR [--json]`: the job behind a run directory and how far it got.
+
+The state and its reason (state.py), the backend, launch number and job id, the nodes, the step reached of
+max_steps, the newest complete checkpoint, the last metrics row (loss, tokens/s, MFU) and the run's training
+time (the last row's elapsed_s, which counts every launch of the run). --json prints the same facts as one object.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+
+from llmtrain.checkpoint import store
+from llmtrain.jobs import rundir
+from llmtrain.jobs.record import read_launches
+from llmtrain.jobs.state import LAUNCHER_OWNED, PENDING, JobState, job_state
+from llmtrain.train.metrics import read_metrics
+
+TAIL_BYTES = 1 << 16  # the last train row is near the end of metrics.jsonl: read only this much first
+
+
+def last_train_row(run_dir: str) -> dict:
+    """The last metrics row of a train step ({} when none): from the file's tail, the whole file if need be."""
+    path = os.path.join(run_dir, "metrics.jsonl")
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            f.seek(max(0, size - TAIL_BYTES))
+            tail = f.read().splitlines()
+    except FileNotFoundError:
+        return {}
+    if size > TAIL_BYTES:
+        tail = tail[1:]  # begins mid-line
+    for raw in reversed(tail):
+        row = _train_row(raw)
+        if row:
+            return row
+    rows = [r for r in read_metrics(path) if "loss" in r] if size > TAIL_BYTES else []
+    return rows[-1] if rows else {}
+
+
+def _train_row(raw: bytes) -> dict | None:
+    try:
+        row = json.loads(raw)
+    except ValueError:
+        return None
+    return row if isinstance(row, dict) and "loss" in row else None
+
+
+def facts(run_dir: str, cfg, job: JobState | None = None) -> dict:
+    """Everything status reports, as one JSON-ready dict."""
+    job = job or job_state(run_dir)
+    launch = job.launch
+    row = last_train_row(run_dir)
+    latest, _ = store.latest_complete(run_dir)
+    nodes = job.slurm.nodes if job.slurm and job.slurm.nodes else launch.get("hosts")
+    launcher = launch.get("launcher") or ({"host": job.holder.get("host"), "pid": job.holder.get("pid")}
+                                          if job.holder.get("pid") and not job.holder.get("job") else None)
+    return {
+        "run_dir": run_dir, "run_name": cfg.run.name, "state": job.state, "reason": job.reason,
+        "backend": launch.get("backend") or cfg.cluster.name, "launch": launch.get("launch"),
+        "job_id": job.job_id, "slurm_state": job.slurm.state if job.slurm else None, "launcher": launcher,
+        "nodes": nodes, "started": launch.get("started"), "overrides": launch.get("overrides"),
+        # The step reached: a preemption can save a step that the metrics rows (every log_interval) skipped.
+        "step": max(row.get("step", 0), latest.step if latest else 0), "max_steps": cfg.train.max_steps,
+        "checkpoint": {"step": latest.step, "path": latest.path} if latest else None,
+        "metrics_step": row.get("step"), "loss": row.get("loss"), "tokens_per_s": row.get("tokens_per_s"),
+        "mfu": row.get("mfu"), "elapsed_s": row.get("elapsed_s"), "launches": read_launches(run_dir),
+    }
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, s = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {s:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min"
+
+
+def _metrics_line(f: dict) -> str:
+    if f["loss"] is None:
+        return "-"
+    parts = [f"loss {f['loss']:.4f}" if isinstance(f["loss"], float) else f"loss {f['loss']}"]
+    if isinstance(f["tokens_per_s"], (int, float)):
+        parts.append(f"{f['tokens_per_s']:,.0f} tok/s")
+    if isinstance(f["mfu"], (int, float)):
+        parts.append(f"MFU {f['mfu']:.1%}")
+    return f"step {f['metrics_step']}: " + " | ".join(parts)
+
+
+def _job_line(f: dict) -> str:
+    where = f"{f['backend']}" + (f", launch {f['launch']}" if f["launch"] else "")
+    if f["job_id"]:
+        where += f", Slurm job {f['job_id']}" + (f" ({f['slurm_state']})" if f["slurm_state"] else "")
+    if f["launcher"]:
+        where += f", launcher pid {f['launcher']['pid']} on {f['launcher']['host']}"
+    return where + (f", started {f['started']}" if f["started"] else "")
+
+
+# What a local or ssh launcher's exit code says (a Slurm launcher exits 0 once sbatch took the job).
+EXIT_MEANINGS = {0: "finished", 1: "failed", 130: "interrupted", 143: "preempted"}
+
+
+def _launch_line(entry: dict) -> str:
+    code = entry.get("exit_code")
+    if code is not None:
+        meaning = EXIT_MEANINGS.get(code) if entry.get("backend") in LAUNCHER_OWNED else None
+        end = f"exit {code}" + (f" ({meaning})" if meaning else "")
+    else:
+        end = "running or killed" if entry.get("ended") is None else "ended with an error"
+    job = f" Slurm job {entry['job_id']}" if entry.get("job_id") else ""
+    return f"{entry.get('launch')}: {entry.get('started')} {entry.get('backend')}{job}, {end}"
+
+
+def lines(f: dict) -> list[str]:
+    """The human-readable status: one fact per line."""
+    checkpoint = f"step {f['checkpoint']['step']} in {f['checkpoint']['path']}" if f["checkpoint"] else "none"
+    nodes = ", ".join(f["nodes"]) if f["nodes"] else ("not assigned yet" if f["state"] == PENDING else "-")
+    out = [("run", f"{f['run_dir']} ({f['run_name']})"), ("state", f"{f['state']}: {f['reason']}"),
+           ("job", _job_line(f)), ("nodes", nodes), ("step", f"{f['step']} / {f['max_steps']}"),
+           ("checkpoint", checkpoint), ("last row", _metrics_line(f)), ("elapsed", duration(f["elapsed_s"]))]
+    if f["overrides"]:
+        out.append(("overrides", shlex.join(f["overrides"])))
+    text = [f"{key:<11} {value}" for key, value in out]
+    if len(f["launches"]) > 1:
+        text.append("launches")
+        text += [f"  {_launch_line(entry)}" for entry in f["launches"]]
+    return text
+
+
+def run_status(args) -> int:
+    run_dir, cfg = rundir.load(args.run_dir)
+    f = facts(run_dir, cfg)
+    if args.json:
+        print(json.dumps(f))
+    else:
+        print("\n".join(lines(f)))
+    return 0

@@ -1,0 +1,176 @@
+"""Multi-node jobs on the two-node test cluster (scripts/testcluster.sh): a rendezvous port per Slurm job, a job
+Slurm can never start stopped with its reason, Ctrl-C on a follower leaving the job running, cluster.setup lines on
+every node, and GLOO_SOCKET_IFNAME resolved per node. Skipped, with the reason, where the cluster cannot be built."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import SMALL, read_rows, run_cli, train_losses, wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.cluster]
+# One process per node (the hostfile's slots=1 gives it for ssh); DP2 across the two nodes.
+TWO_NODES = SMALL + ["train.global_batch_size=8", "train.micro_batch_size=2", "cluster.nnodes=2"]
+SLURM = ["cluster=slurm", "cluster.nproc_per_node=1", "cluster.gpus_per_node=0", "cluster.time=null"]
+LIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED")
+
+
+@pytest.fixture
+def hostfile(tmp_path):
+    path = tmp_path / "hosts.txt"
+    path.write_text("node1 slots=1\nnode2 slots=1\n")
+    return path
+
+
+def ssh_args(cluster, hostfile) -> list[str]:
+    return ["cluster=ssh", f"cluster.hostfile={hostfile}", f"cluster.ssh_config={cluster.ssh_config}"]
+
+
+def scontrol(cluster, job: str) -> str:
+    return subprocess.run(["scontrol", "show", "job", job], env=cluster.environ(), capture_output=True, text=True,
+                          timeout=30).stdout
+
+
+def state(cluster, job: str) -> str:
+    found = re.search(r"JobState=(\S+)", scontrol(cluster, job))
+    return found.group(1) if found else "UNKNOWN"
+
+
+def _run_span(info: str) -> tuple[str, str]:
+    """(StartTime, EndTime) of a job, as scontrol prints them (ISO times compare as strings)."""
+    return re.search(r"StartTime=(\S+)", info)[1], re.search(r"EndTime=(\S+)", info)[1]
+
+
+def scancel(cluster, job: str | None) -> None:
+    if job:
+        subprocess.run(["scancel", job], env=cluster.environ(), capture_output=True, timeout=30)
+
+
+def submitted(stdout: str) -> tuple[str, str]:
+    """(job id, rendezvous port) from the launcher's submission line."""
+    found = re.search(r"submitted Slurm job (\d+) \(.*\); rendezvous on the job's first node, port (\d+)", stdout)
+    assert found, stdout[-3000:]
+    return found.group(1), found.group(2)
+
+
+def test_two_slurm_jobs_sharing_the_nodes_both_finish(cluster, tmp_path):
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("each node needs 2 CPUs for two one-task jobs to run at once")
+    jobs = {}
+    try:
+        for name in ("a", "b"):
+            result = run_cli(["launch", f"run.dir={tmp_path / name}", *TWO_NODES, *SLURM, "train.max_steps=60"],
+                             env=cluster.env, timeout=120)
+            assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+            assert "job finished" not in result.stdout
+            jobs[name] = submitted(result.stdout)
+        (_, port_a), (_, port_b) = jobs["a"], jobs["b"]
+        assert port_a != port_b
+        assert wait_for(lambda: all(state(cluster, j) not in LIVE for j, _ in jobs.values()), timeout=400)
+        infos = {name: scontrol(cluster, job) for name, (job, _) in jobs.items()}
+    finally:
+        for job, _ in jobs.values():
+            scancel(cluster, job)
+    for name, info in infos.items():
+        assert "JobState=COMPLETED" in info and "ExitCode=0:0" in info, info
+        assert sorted(train_losses(tmp_path / name)) == list(range(1, 61))
+    # They ran at the same time on the same nodes (each one's run began before the other's ended).
+    (start_a, end_a), (start_b, end_b) = (_run_span(infos[name]) for name in ("a", "b"))
+    assert start_a < end_b and start_b < end_a, infos
+
+
+def test_job_that_can_never_start_is_cancelled_with_its_reason(cluster, tmp_path):
+    start = time.monotonic()
+    result = run_cli(["launch", f"run.dir={tmp_path / 'run'}", *SMALL, "train.max_steps=4",
+                      "train.global_batch_size=6", "train.micro_batch_size=2", *SLURM, "cluster.nnodes=3",
+                      "cluster.follow=true"], env=cluster.env, timeout=120)
+    took = time.monotonic() - start
+    job, _ = submitted(result.stdout)
+    scancel(cluster, job)  # in case the follower did not
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-2000:]
+    # Slurm versions differ in the reason they give for it.
+    assert re.search(rf"job {job} can never start \(Reason=(PartitionNodeLimit|PartitionConfig): cluster.nnodes=3, "
+                     r"but partition debug has 2 node\(s\)\); cancelled it", result.stdout), result.stdout
+    assert took < 45, f"stopped only after {took:.0f} s"
+    assert state(cluster, job) in ("CANCELLED", "UNKNOWN")
+    assert "job finished" not in result.stdout and "Traceback" not in result.stdout + result.stderr
+
+
+def test_ctrl_c_on_a_follower_leaves_the_job_running(cluster, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "llmtrain", "launch", f"run.dir={run_dir}", *TWO_NODES, *SLURM,
+                             "train.max_steps=100000", "cluster.follow=true", "cluster.requeue=false"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=cluster.environ())
+    job = None
+    try:
+        assert wait_for(lambda: read_rows(run_dir), timeout=180), "training never started"
+        job = re.search(r"slurm-(\d+)\.out", " ".join(p.name for p in (run_dir / "logs").iterdir())).group(1)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0, out[-3000:]
+        assert (f"llmtrain: stopped following job {job}; it keeps running (llmtrain cancel {run_dir} or scancel "
+                f"{job} to stop it)") in out
+        assert "stopping every process" not in out and "job finished" not in out and "Traceback" not in out
+        assert state(cluster, job) == "RUNNING"
+        rows = len(read_rows(run_dir))
+        assert wait_for(lambda: len(read_rows(run_dir)) > rows, timeout=60), "training stopped with the follower"
+    finally:
+        proc.kill()
+        scancel(cluster, job)
+    assert wait_for(lambda: state(cluster, job) not in LIVE, timeout=120)
+
+
+def _node_env(run_dir, node: int) -> str:
+    return (run_dir / "logs" / f"node{node}.env").read_text()
+
+
+def _gloo_interface(env: str) -> str:
+    found = re.search(r"^GLOO_SOCKET_IFNAME=(.*)$", env, re.M)
+    assert found, env
+    return found.group(1)
+
+
+def test_setup_lines_run_on_every_ssh_node_and_gloo_gets_an_interface(cluster, hostfile, tmp_path):
+    run_dir, marks = tmp_path / "run", tmp_path / "marks"
+    marks.mkdir()
+    setup = f"cluster.setup=['export LLMTRAIN_SETUP_MARK=yes','touch {marks}/setup-$(uname -n)']"
+    result = run_cli(["launch", f"run.dir={run_dir}", *TWO_NODES, "train.max_steps=4", *ssh_args(cluster, hostfile),
+                      "network=ethernet", setup], env=cluster.env, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert re.search(r"llmtrain: rendezvous at node1:\d+ \(a random port", result.stdout), result.stdout[-3000:]
+    assert sorted(p.name for p in marks.iterdir()) == ["setup-node1", "setup-node2"]
+    for node in (0, 1):
+        env = _node_env(run_dir, node)
+        assert "LLMTRAIN_SETUP_MARK=yes" in env
+        assert not _gloo_interface(env).startswith("^")  # the preset's ^lo,docker, resolved on the node
+    assert sorted(train_losses(run_dir)) == [1, 2, 3, 4]
+
+
+def test_failing_setup_line_stops_the_ssh_nodes_naming_it(cluster, hostfile, tmp_path):
+    result = run_cli(["launch", f"run.dir={tmp_path / 'run'}", *TWO_NODES, "train.max_steps=4",
+                      *ssh_args(cluster, hostfile), "cluster.setup=['true','false']"], env=cluster.env, timeout=120)
+    assert result.returncode not in (0, None)
+    assert "llmtrain: node set-up failed: cluster.setup line 2 (false) exited with status 1" in result.stdout, \
+        result.stdout[-3000:]
+    assert not read_rows(tmp_path / "run")
+
+
+def test_setup_lines_reach_every_slurm_node(cluster, tmp_path):
+    run_dir = tmp_path / "run"
+    result = run_cli(["launch", f"run.dir={run_dir}", *TWO_NODES, "train.max_steps=4", *SLURM, "cluster.follow=true",
+                      "network=ethernet", "cluster.setup=['export LLMTRAIN_SETUP_MARK=yes']"], env=cluster.env,
+                     timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    job, port = submitted(result.stdout)
+    assert f"llmtrain: job {job} RUNNING on " in result.stdout and f":{port}" in result.stdout
+    assert "llmtrain: job finished" in result.stdout
+    for node in (0, 1):
+        env = _node_env(run_dir, node)
+        assert "LLMTRAIN_SETUP_MARK=yes" in env and not _gloo_interface(env).startswith("^")
+    assert sorted(train_losses(run_dir)) == [1, 2, 3, 4]

@@ -1,0 +1,324 @@
+"""The job behind a run directory: the record a launch writes (job.json), `llmtrain status`, `follow` and `cancel`,
+on fake run directories (fast, Slurm faked at subprocess.run) and on a real local launch (slow)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from conftest import SMALL, read_rows, run_cli, wait_for
+
+from llmtrain.cli import main
+from llmtrain.config import compose_config, to_yaml
+from llmtrain.jobs.record import LaunchRecord, launch_overrides, read_launches
+
+
+# ---- fake run directories ------------------------------------------------------------------------------------
+def make_run(tmp_path: Path, *overrides: str, steps: int = 4, statuses: dict | None = None,
+             checkpoint: int | None = 4, launches: list | None = None, lock: dict | None = None) -> Path:
+    """A run directory as a launch leaves it: config.yaml, metrics.jsonl up to `steps`, a checkpoint folder with
+    its meta.json, rank status files, job.json and .lock as given."""
+    run_dir = tmp_path / "run"
+    (run_dir / "logs").mkdir(parents=True)
+    cfg = compose_config([f"run.dir={run_dir}", "train.max_steps=4", *overrides])
+    (run_dir / "config.yaml").write_text(to_yaml(cfg))
+    rows = [{"step": s, "loss": 5.0 - s / 4, "tokens_per_s": 1000.0 + s, "mfu": 0.125, "elapsed_s": 2.5 * s}
+            for s in range(1, steps + 1)]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows + [{"step": steps,
+                                                                                           "val_loss": 3.9}]))
+    if checkpoint is not None:
+        folder = run_dir / "checkpoints" / f"step-{checkpoint:07d}"
+        folder.mkdir(parents=True)
+        (folder / "meta.json").write_text(json.dumps({"step": checkpoint, "files": {}}))
+    for rank, status in (statuses or {}).items():
+        (run_dir / "logs" / f"rank{rank}.status").write_text(json.dumps(status))
+    if launches is not None:
+        (run_dir / "job.json").write_text(json.dumps({"launches": launches}))
+    if lock is not None:
+        (run_dir / ".lock").write_text(json.dumps(lock))
+    return run_dir
+
+
+def launch_entry(n: int = 1, backend: str = "local", exit_code: int | None = 0, ended: str | None = "later",
+                 job_id: str | None = None) -> dict:
+    return {"launch": n, "backend": backend, "launcher": {"host": socket.gethostname(), "pid": 1},
+            "job_id": job_id, "hosts": [socket.gethostname()] if backend == "local" else None,
+            "started": "2025-01-01 10:00:00", "overrides": ["train.max_steps=4"], "ended": ended,
+            "exit_code": exit_code}
+
+
+OK = {"status": "ok", "error": None}
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def status_json(capsys, run_dir: Path) -> dict:
+    code, out, _ = cli(capsys, "status", str(run_dir), "--json")
+    assert code == 0 and out.count("\n") == 1, out
+    return json.loads(out)
+
+
+# ---- the record ------------------------------------------------------------------------------------------------
+def test_each_launch_is_recorded_and_earlier_ones_are_kept(tmp_path, monkeypatch):
+    cfg = SimpleNamespace(run=SimpleNamespace(dir=str(tmp_path)))
+    monkeypatch.setattr(sys, "argv", ["llmtrain", "launch", "--config-dir", "mine", "model=gpt-125m", "~env.X"])
+    first = LaunchRecord.start(cfg, SimpleNamespace(name="local"))
+    (entry,) = read_launches(str(tmp_path))
+    assert entry["launch"] == 1 and entry["backend"] == "local" and entry["ended"] is None
+    assert entry["launcher"] == {"host": socket.gethostname(), "pid": os.getpid()}
+    assert entry["hosts"] == [socket.gethostname()] and entry["overrides"] == ["model=gpt-125m", "~env.X"]
+    first.ended(143, None)
+    second = LaunchRecord.start(cfg, SimpleNamespace(name="slurm"))
+    assert [e["launch"] for e in read_launches(str(tmp_path))] == [1, 2]
+    assert read_launches(str(tmp_path))[1]["hosts"] is None  # Slurm picks them when the job starts
+    second.ended(0, "4242")
+    old, new = read_launches(str(tmp_path))
+    assert old["exit_code"] == 143 and new["job_id"] == "4242" and new["exit_code"] == 0 and new["ended"]
+    assert [p.name for p in tmp_path.iterdir()] == ["job.json"]  # written atomically: no temporary left
+
+
+def test_ssh_hosts_come_from_the_hostfile(tmp_path):
+    cfg = SimpleNamespace(run=SimpleNamespace(dir=str(tmp_path)))
+    hosts = [SimpleNamespace(name="node1"), SimpleNamespace(name="node2")]
+    LaunchRecord.start(cfg, SimpleNamespace(name="ssh", hosts=hosts))
+    assert read_launches(str(tmp_path))[0]["hosts"] == ["node1", "node2"]
+
+
+def test_overrides_are_those_of_launch_only():
+    assert launch_overrides(["launch", "a=1", "--config-dir", "d", "+b=2"]) == ["a=1", "+b=2"]
+    assert launch_overrides(["doctor", "a=1"]) == []
+
+
+# ---- status ----------------------------------------------------------------------------------------------------
+def test_status_of_a_finished_run(tmp_path, capsys):
+    run_dir = make_run(tmp_path, statuses={0: OK, 1: OK}, launches=[launch_entry()])
+    code, out, err = cli(capsys, "status", str(run_dir))
+    assert code == 0 and not err
+    lines = dict(line.split(None, 1) for line in out.splitlines() if not line.startswith(("last", " ")))
+    assert lines["state"] == "finished: all 2 rank(s) finished"
+    assert lines["step"] == "4 / 4"
+    assert lines["checkpoint"] == f"step 4 in {run_dir / 'checkpoints' / 'step-0000004'}"
+    assert lines["elapsed"] == "10.0 s"
+    assert f"local, launch 1, launcher pid 1 on {socket.gethostname()}" in lines["job"]
+    assert "last row    step 4: loss 4.0000 | 1,004 tok/s | MFU 12.5%" in out
+
+
+def test_status_json_has_every_fact(tmp_path, capsys):
+    run_dir = make_run(tmp_path, statuses={0: OK}, launches=[launch_entry(exit_code=143), launch_entry(2)])
+    facts = status_json(capsys, run_dir)
+    assert facts["state"] == "finished" and facts["backend"] == "local" and facts["launch"] == 2
+    assert facts["step"] == 4 and facts["max_steps"] == 4 and facts["loss"] == 4.0
+    assert facts["tokens_per_s"] == 1004.0 and facts["mfu"] == 0.125 and facts["elapsed_s"] == 10.0
+    assert facts["checkpoint"] == {"step": 4, "path": str(run_dir / "checkpoints" / "step-0000004")}
+    assert facts["nodes"] == [socket.gethostname()] and facts["job_id"] is None
+    assert [e["exit_code"] for e in facts["launches"]] == [143, 0]
+    assert {"reason", "launcher", "started", "overrides", "run_dir", "slurm_state"} <= set(facts)
+
+
+def test_status_of_a_failed_run_names_the_rank(tmp_path, capsys):
+    run_dir = make_run(tmp_path, steps=2, checkpoint=None, launches=[launch_entry(exit_code=1)],
+                       statuses={0: {"status": "error", "error": "RuntimeError: boom\nmore"}, 1: OK})
+    code, out, _ = cli(capsys, "status", str(run_dir))
+    assert code == 0 and "state       failed: rank 0 failed: RuntimeError: boom\n" in out
+    assert "checkpoint  none" in out and "step        2 / 4" in out
+    assert status_json(capsys, run_dir)["state"] == "failed"
+
+
+@pytest.mark.parametrize("exit_code,killed,said", [
+    (130, False, "interrupted: stopped by Ctrl-C or llmtrain cancel --now"),
+    (None, True, "interrupted: its launcher ended without recording how (it was killed)"),
+    (143, False, "preempted: stopped at step 4; checkpoint saved"),
+])
+def test_status_after_a_stop(tmp_path, capsys, exit_code, killed, said):
+    preempted = {"status": "preempted", "step": 4, "saved": True}
+    entry = launch_entry(exit_code=exit_code, ended=None if killed else "later")
+    lock = None
+    if killed:  # a launcher killed with SIGKILL leaves its lock behind, and its launch never ended
+        entry["launcher"]["pid"] = _dead_pid()
+        lock = dict(entry["launcher"])
+    run_dir = make_run(tmp_path, statuses={0: preempted}, launches=[entry], lock=lock)
+    code, out, _ = cli(capsys, "status", str(run_dir))
+    assert code == 0 and f"state       {said}" in out, out
+
+
+@pytest.mark.parametrize("make,said", [(lambda p: p / "missing", "no such run directory"),
+                                       (lambda p: p, "holds no config.yaml")])
+def test_status_of_no_run_directory_is_one_line(tmp_path, capsys, make, said):
+    code, out, err = cli(capsys, "status", str(make(tmp_path)))
+    assert code == 2 and not out and err.count("\n") == 1 and said in err, err
+
+
+def test_status_of_a_running_local_job(tmp_path, capsys):
+    holder = {"host": socket.gethostname(), "pid": os.getpid(), "started": "now"}  # this process: alive
+    entry = dict(launch_entry(exit_code=None, ended=None), launcher={"host": holder["host"], "pid": os.getpid()})
+    run_dir = make_run(tmp_path, steps=3, launches=[entry], lock=holder)
+    facts = status_json(capsys, run_dir)
+    assert facts["state"] == "running" and f"launcher pid {os.getpid()}" in facts["reason"]
+    assert facts["step"] == 4 and facts["launcher"]["pid"] == os.getpid()  # the checkpoint is at step 4
+
+
+# ---- Slurm, with scontrol and scancel faked -------------------------------------------------------------------
+class FakeSlurm:
+    """scontrol and scancel for one job: scancel --signal=USR1 makes its ranks checkpoint and the job complete."""
+
+    def __init__(self, run_dir: Path, state: str = "RUNNING"):
+        self.run_dir = run_dir
+        self.state = state
+        self.calls: list[list[str]] = []
+
+    def __call__(self, argv, **kwargs):
+        self.calls.append(list(argv))
+        out = ""
+        if argv[:3] == ["scontrol", "show", "job"]:
+            nodes = "(null)" if self.state == "PENDING" else "node[1-2]"
+            out = (f"JobId={argv[3]} JobName=llmtrain-gpt-tiny\n   JobState={self.state} Reason=None "
+                   f"Dependency=(null)\n   ExitCode=0:0\n   NodeList={nodes}\n   BatchHost=node1\n")
+        elif argv[:3] == ["scontrol", "show", "hostnames"]:
+            out = "node1\nnode2\n"
+        elif argv[0] == "scancel" and "--signal=USR1" in argv:
+            for rank in (0, 1):
+                (self.run_dir / "logs" / f"rank{rank}.status").write_text(
+                    json.dumps({"status": "preempted", "step": 4, "saved": True}))
+            self.state = "COMPLETED"
+        elif argv[0] == "scancel":
+            self.state = "CANCELLED"
+        return subprocess.CompletedProcess(argv, 0, out, "")
+
+
+@pytest.fixture
+def slurm_run(tmp_path, monkeypatch):
+    lock = {"host": "login1", "pid": 1, "job": "4242", "started": "2025-01-01 10:00:00"}
+    run_dir = make_run(tmp_path, "cluster=slurm", "cluster.nproc_per_node=1", "device=cpu", lock=lock,
+                       launches=[launch_entry(backend="slurm", job_id="4242")])
+    fake = FakeSlurm(run_dir)
+    monkeypatch.setattr("llmtrain.jobs.slurm_query.subprocess.run", fake)
+    return run_dir, fake
+
+
+def test_status_of_a_slurm_job_asks_scontrol(slurm_run, capsys):
+    run_dir, fake = slurm_run
+    facts = status_json(capsys, run_dir)
+    assert facts["state"] == "running" and facts["job_id"] == "4242" and facts["slurm_state"] == "RUNNING"
+    assert facts["nodes"] == ["node1", "node2"] and facts["backend"] == "slurm"
+    fake.state = "PENDING"
+    code, out, _ = cli(capsys, "status", str(run_dir))
+    assert "state       pending: Slurm job 4242 PENDING" in out and "nodes       not assigned yet" in out
+    fake.state = "TIMEOUT"
+    assert status_json(capsys, run_dir)["state"] == "failed"
+
+
+def test_cancel_of_a_slurm_job_checkpoints_then_reports(slurm_run, capsys):
+    run_dir, fake = slurm_run
+    code, out, _ = cli(capsys, "cancel", str(run_dir))
+    assert code == 0, out
+    assert ["scancel", "--signal=USR1", "4242"] in fake.calls
+    assert "asked Slurm job 4242 to checkpoint and stop" in out
+    assert "the job ended: preempted" in out
+    assert f"checkpoint step 4 saved in {run_dir / 'checkpoints' / 'step-0000004'}" in out
+    code, out, _ = cli(capsys, "cancel", str(run_dir))
+    assert code == 0 and out.startswith("llmtrain: nothing to cancel: no job runs in") and out.count("\n") == 1
+
+
+@pytest.mark.parametrize("state,now", [("RUNNING", True), ("PENDING", False)])
+def test_cancel_now_or_pending_scancels_the_job(slurm_run, capsys, state, now):
+    run_dir, fake = slurm_run
+    fake.state = state
+    code, out, _ = cli(capsys, "cancel", str(run_dir), *(["--now"] if now else []))
+    assert code == 0, out
+    assert ["scancel", "4242"] in fake.calls and not any("--signal=USR1" in c for c in fake.calls)
+    assert "cancelled Slurm job 4242" in out and "the job ended: interrupted: Slurm job 4242 was cancelled" in out
+
+
+# ---- follow and cancel of a job that has ended -------------------------------------------------------------------
+@pytest.mark.parametrize("status,entry,code", [
+    (OK, launch_entry(), 0),
+    ({"status": "error", "error": "ValueError: x"}, launch_entry(exit_code=1), 1),
+    ({"status": "preempted", "step": 4, "saved": True}, launch_entry(exit_code=143), 143),
+])
+def test_follow_of_an_ended_job_prints_its_final_state_at_once(tmp_path, capsys, status, entry, code):
+    run_dir = make_run(tmp_path, statuses={0: status}, launches=[entry])
+    started = time.monotonic()
+    got, out, _ = cli(capsys, "follow", str(run_dir))
+    assert got == code and time.monotonic() - started < 5
+    assert out.count("\n") == 1 and "step 4/4; checkpoint step 4 in" in out, out
+
+
+def test_job_commands_do_not_import_torch(tmp_path):
+    run_dir = make_run(tmp_path, statuses={0: OK}, launches=[launch_entry()])
+    script = ("import sys; from llmtrain.cli import main\n"
+              f"codes = [main([c, {str(run_dir)!r}]) for c in ('status', 'follow', 'cancel')]\n"
+              "print(codes, 'torch' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.stdout.splitlines()[-1] == "[0, 0, 0] False", result.stdout + result.stderr
+
+
+# ---- a real local job ------------------------------------------------------------------------------------------
+JOB = SMALL + ["data=synthetic", "cluster.nproc_per_node=1", "train.max_steps=100000", "train.global_batch_size=4",
+               "train.micro_batch_size=4", "launch.preempt_grace_s=60"]
+
+
+def _status(run_dir: Path) -> dict:
+    result = run_cli(["status", str(run_dir), "--json"], timeout=60)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+@pytest.mark.slow
+def test_status_follow_and_cancel_of_a_local_launch(tmp_path):
+    run_dir = tmp_path / "run"
+    launcher_out = open(tmp_path / "launch.txt", "w")
+    launcher = subprocess.Popen([sys.executable, "-m", "llmtrain", "launch", f"run.dir={run_dir}", *JOB],
+                                stdout=launcher_out, stderr=subprocess.STDOUT)
+    try:
+        assert wait_for(lambda: len(read_rows(run_dir)) >= 2, timeout=180), (tmp_path / "launch.txt").read_text()
+        facts = _status(run_dir)
+        assert facts["state"] == "running" and facts["step"] > 0 and facts["launcher"]["pid"] == launcher.pid
+        assert facts["backend"] == "local" and facts["launch"] == 1 and facts["nodes"] == [socket.gethostname()]
+        assert f"run.dir={run_dir}" in facts["overrides"]
+
+        # follow streams rank 0's step lines; Ctrl-C detaches and leaves the job running.
+        follow_out = tmp_path / "follow.txt"
+        with open(follow_out, "w") as out:
+            follower = subprocess.Popen([sys.executable, "-m", "llmtrain", "follow", str(run_dir)], stdout=out,
+                                        stderr=subprocess.STDOUT)
+            assert wait_for(lambda: follow_out.read_text().count("\nstep ") >= 3, timeout=60), follow_out.read_text()
+            follower.send_signal(signal.SIGINT)
+            assert follower.wait(timeout=30) == 0, follow_out.read_text()
+        assert "llmtrain: stopped following; the job keeps running" in follow_out.read_text()
+        assert launcher.poll() is None
+
+        # cancel: the job checkpoints and ends; the launcher exits 143.
+        result = run_cli(["cancel", str(run_dir)], timeout=150)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert launcher.wait(timeout=30) == 143, (tmp_path / "launch.txt").read_text()
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+        launcher_out.close()
+    assert f"asked the launcher pid {launcher.pid} on {socket.gethostname()} to checkpoint and stop" in result.stdout
+    assert "the job ended: preempted" in result.stdout and "saved in" in result.stdout, result.stdout
+    facts = _status(run_dir)
+    assert facts["state"] == "preempted" and facts["checkpoint"] is not None, facts
+    assert Path(facts["checkpoint"]["path"], "meta.json").is_file()
+    assert f"checkpoint step {facts['checkpoint']['step']} saved in {facts['checkpoint']['path']}" in result.stdout
+    assert facts["launches"][0]["exit_code"] == 143 and facts["step"] >= facts["checkpoint"]["step"]
+    again = run_cli(["cancel", str(run_dir)], timeout=60)
+    assert again.returncode == 0 and "nothing to cancel" in again.stdout
