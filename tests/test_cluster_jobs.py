@@ -12,7 +12,7 @@ import sys
 import time
 
 import pytest
-from conftest import SMALL, read_rows, run_cli, train_losses, wait_for
+from conftest import SMALL, launch, read_rows, run_cli, train_losses, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 # One process per node (the hostfile's slots=1 gives it for ssh); DP2 across the two nodes.
@@ -174,3 +174,25 @@ def test_setup_lines_reach_every_slurm_node(cluster, tmp_path):
         env = _node_env(run_dir, node)
         assert "LLMTRAIN_SETUP_MARK=yes" in env and not _gloo_interface(env).startswith("^")
     assert sorted(train_losses(run_dir)) == [1, 2, 3, 4]
+
+
+def test_time_limit_requeues_the_job_until_max_steps(cluster, tmp_path):
+    """A one-minute time limit with the notice 30 s before it: the workers checkpoint on the notice, the job
+    requeues itself and resumes, the follower follows across the requeue, and the run reaches train.max_steps with
+    the losses of an uninterrupted run."""
+    steps = 600  # more than one time limit of training on the test cluster, less than two
+    args = [*TWO_NODES, "train.log_interval=50", f"train.max_steps={steps}", "cluster=slurm",
+            "cluster.nproc_per_node=1", "cluster.gpus_per_node=0", "cluster.time=00:01:00",
+            "cluster.signal_before_end_s=30", "cluster.follow=true"]
+    run_dir = tmp_path / "run"
+    result = run_cli(["launch", f"run.dir={run_dir}", *args], env=cluster.env, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert re.search(r"job \d+ requeued \(restart 1\); still following", result.stdout), result.stdout[-3000:]
+    job_log = "".join(p.read_text() for p in (run_dir / "logs").glob("slurm-*.out"))
+    assert "the time limit is near: checkpoint at step" in job_log, job_log[-3000:]
+    reference = tmp_path / "reference"
+    launch(reference, *SMALL, "train.global_batch_size=8", "train.micro_batch_size=2", "train.log_interval=50",
+           f"train.max_steps={steps}")
+    got, want = train_losses(run_dir), train_losses(reference)
+    assert max(got) == steps
+    assert max(abs(got[s] - want[s]) for s in want) <= 1e-5

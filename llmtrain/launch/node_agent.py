@@ -33,12 +33,17 @@ def record_env(run_dir: str, node_rank: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     import psutil
 
-    from llmtrain.launch.processes import is_worker
+    from llmtrain.launch.processes import handles_signal, is_worker
 
     argv = sys.argv[1:] if argv is None else argv
     if "--" not in argv or argv.index("--") != 2:
         print("usage: python -m llmtrain.launch.node_agent RUN_DIR NODE_RANK -- CMD...", file=sys.stderr)
         return 2
+    # A preemption (Slurm's time-limit notice) may come before torchrun's workers exist or can take it: remember
+    # it from the first moment and pass it on once they can.
+    pending = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, lambda *_: pending.set())
     run_dir, cmd = argv[0], argv[3:]
     # "slurm": srun starts the same command on every node; the node rank comes from Slurm.
     node_rank = int(os.environ["SLURM_NODEID"]) if argv[1] == "slurm" else int(argv[1])
@@ -57,11 +62,20 @@ def main(argv: list[str] | None = None) -> int:
         return [p for p in procs if is_worker(p)]
 
     def preempt(*_) -> None:
-        for p in workers():
+        pending.set()
+        deliver()
+
+    def deliver() -> None:
+        """SIGUSR1 to the workers once every one has its handler (until then it would be ignored, or kill)."""
+        ready = workers()
+        if not ready or any(handles_signal(p.pid, signal.SIGUSR1) is False for p in ready):
+            return
+        for p in ready:
             try:
                 p.send_signal(signal.SIGUSR1)
             except psutil.NoSuchProcess:
                 pass
+        pending.clear()
 
     def stop_tree() -> None:
         if stopping.is_set():
@@ -98,7 +112,10 @@ def main(argv: list[str] | None = None) -> int:
         threading.Thread(target=watch_stdin, daemon=True).start()
     while True:
         try:
-            return child.wait()
+            return child.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            if pending.is_set():
+                deliver()
         except KeyboardInterrupt:
             stop_tree()
 

@@ -54,6 +54,18 @@ def is_worker(p: psutil.Process) -> bool:
     return any(argv[i] == "-m" and argv[i + 1] in WORKER_MODULES for i in range(len(argv) - 1))
 
 
+def handles_signal(pid: int, sig: int) -> bool | None:
+    """Whether process pid has a handler for sig (Linux /proc); None when that cannot be told."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    except (OSError, ValueError):
+        return None
+    return None
+
+
 def signal_workers(pid: int, sig: int) -> int:
     """Send sig to the worker processes in pid's tree (never to torchrun agents: SIGUSR1 would kill them)."""
     sent = 0

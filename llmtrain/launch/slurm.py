@@ -22,7 +22,7 @@ from omegaconf import ListConfig
 
 from llmtrain.config.errors import ConfigError
 from llmtrain.launch.backend import Backend, NodeCommand, node_python, torchrun_argv, worker_env
-from llmtrain.launch.failures import report_failure
+from llmtrain.launch.failures import rank_statuses, report_failure
 from llmtrain.launch.node_env import wrap_for_gloo
 from llmtrain.launch.node_setup import setup_statements
 
@@ -37,6 +37,7 @@ PORT_BASE, PORT_SPAN = 20000, 20000
 EXIT_DETACHED = 0  # Ctrl-C: the launcher stopped following and the job runs on, as `llmtrain follow` exits
 EXIT_NEVER_STARTS = 1
 EXIT_INTERRUPTED = 130
+EXIT_UNFINISHED = 143  # stopped on a signal with a checkpoint, like a preempted local launch
 
 # Pending reasons after which the job cannot start until someone changes it or the cluster's configuration, each
 # with the config key behind it. Kept conservative: reasons that can clear by themselves (Resources, Priority,
@@ -157,6 +158,7 @@ class _Seen:
     def __init__(self):
         self.state: str | None = None
         self.reason: str | None = None
+        self.restarts = 0
 
 
 class SlurmBackend(Backend):
@@ -184,7 +186,12 @@ class SlurmBackend(Backend):
         lines += ['head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)', f"port={port}",
                   'echo "llmtrain: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, rendezvous ${head}:${port} '
                   '(restart ${SLURM_RESTART_COUNT:-0})"',
-                  f"srun --nodes={c.nnodes} --ntasks-per-node=1 --kill-on-bad-exit=1 {self._node_command(env)}"]
+                  "set +e",
+                  f"srun --nodes={c.nnodes} --ntasks-per-node=1 --kill-on-bad-exit=1 {self._node_command(env)}",
+                  "code=$?",
+                  # Finished, or cut short by the time limit: then the job requeues itself (slurm_job_end.py).
+                  f"exec {shlex.quote(node_python(self.cfg))} -m llmtrain.launch.slurm_job_end "
+                  f"{shlex.quote(self.run_dir)} \"$code\" {c.signal_before_end_s} {int(bool(c.requeue))}"]
         return "\n".join(lines) + "\n"
 
     def _sbatch_options(self) -> list[str]:
@@ -324,7 +331,7 @@ class SlurmBackend(Backend):
                       f"{job} to stop it)")
             return EXIT_DETACHED
         code = 1 if code is None else code
-        if code != 0 and self.finished_job:
+        if code not in (0, EXIT_UNFINISHED) and self.finished_job:
             # srun gathers every node's torchrun output into the job's log; ranks are global there.
             report_failure(monitor.console, self.run_dir, self.job_output(), code)
         return code
@@ -366,10 +373,33 @@ class SlurmBackend(Backend):
         self._show_state(job, state, seen)
         if state == "PENDING":
             return self._stop_if_never_starts(job)
+        self._say_requeued(job, seen)
         if state in FINAL_STATES or state == "UNKNOWN":
             self.finished_job = True
-            return 0 if state == "COMPLETED" else (exit_code(job) or 1)
+            return self._final_code(state, job)
         return None
+
+    def _say_requeued(self, job: dict[str, str], seen: _Seen) -> None:
+        restarts = int(job.get("Restarts", "0") or 0)
+        if restarts > seen.restarts:
+            seen.restarts = restarts
+            self._say(f"job {self.job_id} requeued (restart {restarts}); still following: it resumes from the "
+                      "newest checkpoint when it runs again")
+
+    def _final_code(self, state: str, job: dict[str, str]) -> int:
+        """The job's exit status for the launcher: train.max_steps reached is the only success; a job whose
+        workers stopped on a signal and that was not requeued is unfinished (EXIT_PREEMPTED, like a launcher
+        preempted locally)."""
+        statuses = rank_statuses(self.run_dir).values()
+        stopped = [s for s in statuses if s.get("status") == "preempted"]
+        if not stopped or any(s.get("status") == "error" for s in statuses):
+            return 0 if state == "COMPLETED" and not stopped else (exit_code(job) or 1)
+        step = max(int(s.get("step") or 0) for s in stopped)
+        said = [ln for ln in self.job_output().splitlines() if ln.startswith("llmtrain: unfinished:")]
+        why = said[-1][len("llmtrain: unfinished: "):] if said else "stopped on a signal, not requeued"
+        self._say(f"job {self.job_id} ended unfinished at step {step} ({why}); the same llmtrain launch command "
+                  "continues from the newest checkpoint")
+        return EXIT_UNFINISHED
 
     def _show_state(self, job: dict[str, str], state: str, seen: _Seen) -> None:
         reason = job.get("Reason", "None")

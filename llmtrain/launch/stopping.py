@@ -22,22 +22,10 @@ def _ignore(signals) -> None:
         signal.signal(sig, signal.SIG_IGN)
 
 
-def _catches(pid: int, sig: int) -> bool | None:
-    """Whether process pid has a handler for sig (Linux /proc); None when that cannot be told."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("SigCgt:"):
-                    return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
-    except (OSError, ValueError):
-        return None
-    return None
-
-
 def starting_workers(run_dir: str, sig: int) -> list:
     """This node's workers that do not handle sig yet: still starting (the trainer installs its preemption
     handler after the process group is up). Until then sig is ignored, or kills them: it must wait."""
-    return [p for p in processes.job_processes(run_dir) if processes.is_worker(p) and _catches(p.pid, sig) is False]
+    return [p for p in processes.job_processes(run_dir) if processes.is_worker(p) and processes.handles_signal(p.pid, sig) is False]
 
 
 def wait_for_workers(run_dir: str, sig: int, timeout_s: float, poll: Callable[[], None]) -> None:

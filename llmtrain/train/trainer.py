@@ -147,14 +147,17 @@ class Trainer:
 
     def resume(self) -> None:
         restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-        # A torchrun restart always continues from the newest complete checkpoint.
-        mode = "auto" if restart else self.cfg.checkpoint.resume
+        requeued = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+        # A torchrun restart or a requeued Slurm job always continues from the newest complete checkpoint (the
+        # launch's checkpoint.resume was for its first start).
+        mode = "auto" if restart or requeued else self.cfg.checkpoint.resume
         path, ignored = store.resolve_resume(self.run_dir, mode)
-        if restart:  # otherwise the launcher has said which checkpoint it resumes and which it ignores
+        if restart or requeued:  # otherwise the launcher has said which checkpoint it resumes and which it ignores
             for info in ignored:
                 self.log(f"llmtrain: ignoring incomplete checkpoint {info.path} (its save did not finish)",
                          flush=True)
-        prefix = f"restart {restart} of {self.cfg.launch.max_restarts}: " if restart else ""
+        prefix = f"restart {restart} of {self.cfg.launch.max_restarts}: " if restart else \
+            (f"requeued job (restart {requeued}): " if requeued else "")
         if path is not None:
             self.ckpt.load(self, path, prefix)
         elif restart:

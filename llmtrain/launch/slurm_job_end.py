@@ -1,0 +1,89 @@
+"""The end of a Slurm job's batch script: `python -m llmtrain.launch.slurm_job_end RUN_DIR SRUN_EXIT NOTICE_S
+REQUEUE`. It decides whether the run finished, and continues one that a time limit cut short.
+
+Before the time limit Slurm sends USR1 (`--signal=USR1@NOTICE_S`); the workers checkpoint and exit cleanly, so
+the job would end COMPLETED at a step short of train.max_steps and nothing would requeue it (`--requeue` acts on
+node failures and preemption, not on a clean exit). So when the workers stopped on a signal with the time limit
+near, the job requeues itself (`scontrol requeue`) and the requeued job resumes from that checkpoint. When it
+cannot, the job fails with a message saying the run is unfinished and how to continue. A signal far from the time
+limit (`llmtrain cancel`, a preempting launcher) is a stop the user asked for: not requeued.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+from llmtrain.launch.failures import rank_statuses
+
+EXIT_UNFINISHED = 3
+# Slack on top of the notice: the save and the exit take a while after the signal.
+NEAR_LIMIT_SLACK_S = 120
+
+
+def seconds_left(job_id: str) -> float | None:
+    """Seconds until the job's time limit, or None when it has none (or scontrol cannot tell)."""
+    try:
+        out = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    fields = dict(w.split("=", 1) for w in out.split() if "=" in w)
+    try:
+        end = time.mktime(time.strptime(fields.get("EndTime", ""), "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return None  # EndTime=Unknown: no time limit
+    return end - time.time()
+
+
+def requeue(job_id: str) -> str | None:
+    """Requeue the job; None when Slurm took it, else why not."""
+    try:
+        out = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return str(e)
+    return None if out.returncode == 0 else (out.stderr or out.stdout).strip() or f"exit code {out.returncode}"
+
+
+def say(message: str) -> None:
+    print(f"llmtrain: {message}", flush=True)
+
+
+def job_end(run_dir: str, srun_exit: int, notice_s: float, may_requeue: bool, job_id: str) -> int:
+    if srun_exit != 0:
+        return srun_exit  # a failure: the launcher names the rank from this job's log
+    statuses = list(rank_statuses(run_dir).values())
+    stopped = [s for s in statuses if s.get("status") == "preempted"]
+    if not stopped:
+        return 0  # every rank finished its steps
+    step = max(int(s.get("step") or 0) for s in stopped)
+    saved = all(s.get("saved", True) for s in stopped)
+    left = seconds_left(job_id)
+    if left is None or left > notice_s + NEAR_LIMIT_SLACK_S:
+        say(f"stopped at step {step} on request (not the time limit); not requeued: the same llmtrain launch "
+            "command continues from the newest checkpoint")
+        return 0
+    if may_requeue and saved:
+        say(f"the time limit is near: checkpoint at step {step} saved; requeueing job {job_id} to continue")
+        why = requeue(job_id)
+        if why is None:
+            return 0
+    else:
+        why = "no checkpoint was saved" if not saved else "cluster.requeue=false"
+    say(f"unfinished: stopped at step {step} before the time limit, and the job was not requeued ({why}); "
+        "run the same llmtrain launch command to continue from the newest checkpoint")
+    return EXIT_UNFINISHED
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 4:
+        print("usage: python -m llmtrain.launch.slurm_job_end RUN_DIR SRUN_EXIT NOTICE_S REQUEUE", file=sys.stderr)
+        return 2
+    run_dir, srun_exit, notice_s, may_requeue = argv[0], int(argv[1]), float(argv[2]), argv[3] == "1"
+    return job_end(run_dir, srun_exit, notice_s, may_requeue, os.environ.get("SLURM_JOB_ID", ""))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
