@@ -172,6 +172,9 @@ class SlurmBackend(Backend):
         # Whether run() returned because the job ended (not because it was submitted, left, or never started):
         # only then is "job finished" true.
         self.finished_job = False
+        # Whether it ended unfinished (stopped on a signal, with a checkpoint): not a failure to report. A flag, not
+        # the exit code: srun's own status can be 143 too.
+        self.unfinished = False
         self.console = None
 
     # ---------------------------------------------------------------------------------------------- the script
@@ -331,7 +334,7 @@ class SlurmBackend(Backend):
                       f"{job} to stop it)")
             return EXIT_DETACHED
         code = 1 if code is None else code
-        if code not in (0, EXIT_UNFINISHED) and self.finished_job:
+        if code != 0 and self.finished_job and not self.unfinished:
             # srun gathers every node's torchrun output into the job's log; ranks are global there.
             report_failure(monitor.console, self.run_dir, self.job_output(), code)
         return code
@@ -399,6 +402,7 @@ class SlurmBackend(Backend):
         why = said[-1][len("llmtrain: unfinished: "):] if said else "stopped on a signal, not requeued"
         self._say(f"job {self.job_id} ended unfinished at step {step} ({why}); the same llmtrain launch command "
                   "continues from the newest checkpoint")
+        self.unfinished = True
         return EXIT_UNFINISHED
 
     def _show_state(self, job: dict[str, str], state: str, seen: _Seen) -> None:
