@@ -12,7 +12,7 @@
 #
 # After `up`, `source STATE_DIR/env.sh` exports SLURM_CONF and LLMTRAIN_SSH_CONFIG; then `srun -N2 hostname` and
 # `ssh -F "$LLMTRAIN_SSH_CONFIG" node1 hostname` work. Needs root and working `ip netns add`; otherwise exits 77
-# (tests map 77 to skip). See shared/notes/multinode-test-cluster.md for the measured recipe.
+# (tests map 77 to skip).
 set -euo pipefail
 
 BRIDGE=llmtbr0

@@ -19,7 +19,7 @@ import psutil
 
 from llmtrain.config.errors import ConfigError
 from llmtrain.launch import processes
-from llmtrain.launch.slurm import FINAL_STATES
+from llmtrain.launch.slurm import FINAL_STATES, parse_fields
 
 LOCK_NAME = ".lock"
 SLURM_ENDED = FINAL_STATES | {"UNKNOWN"}  # UNKNOWN: the job has left the controller
@@ -38,10 +38,7 @@ def slurm_job_state(job_id: str) -> str | None:
         out = subprocess.run(["scontrol", "show", "job", str(job_id)], capture_output=True, text=True, timeout=30)
     except (FileNotFoundError, subprocess.TimeoutExpired):
         return None
-    for word in out.stdout.split():
-        if word.startswith("JobState="):
-            return word.split("=", 1)[1]
-    return "UNKNOWN"
+    return parse_fields(out.stdout).get("JobState", "UNKNOWN")
 
 
 def describe(holder: dict) -> str:

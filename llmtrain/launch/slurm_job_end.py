@@ -17,6 +17,7 @@ import sys
 import time
 
 from llmtrain.launch.failures import rank_statuses
+from llmtrain.launch.slurm import parse_fields
 
 EXIT_UNFINISHED = 3
 # Slack on top of the notice: the save and the exit take a while after the signal.
@@ -29,7 +30,7 @@ def seconds_left(job_id: str) -> float | None:
         out = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.TimeoutExpired):
         return None
-    fields = dict(w.split("=", 1) for w in out.split() if "=" in w)
+    fields = parse_fields(out)
     try:
         end = time.mktime(time.strptime(fields.get("EndTime", ""), "%Y-%m-%dT%H:%M:%S"))
     except ValueError:

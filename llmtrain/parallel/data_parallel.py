@@ -3,7 +3,7 @@
 All three use FSDP2 on the 2-D (dp_replicate, dp_shard) mesh, i.e. HSDP: zero=0 is a shard group of size 1
 (pure replication, gradients all-reduced), zero=2 keeps parameters gathered between forward and backward
 (reshard_after_forward=False), zero=3 frees them after forward. Public APIs only, and the same path composes with
-tensor parallel (the private DDP-over-submesh path does not; see the shared notes).
+tensor parallel (the private DDP-over-submesh path does not compose with DTensor parameters).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Dynamic loss scaling for fp16 that is correct under every layout.
 
 torch.amp.GradScaler decides per rank whether gradients overflowed; under tensor or pipeline parallel the ranks then
-disagree, issue different collectives and crash or hang (see the shared notes). Here each rank only reports its own
+disagree, issue different collectives and crash or hang. Here each rank only reports its own
 flag; the trainer reduces it (MAX) over every rank of the job before anyone decides, so all ranks skip the same
 steps and keep the same scale.
 """
