@@ -79,10 +79,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_compose_args(config)
 
     doctor = sub.add_parser("doctor", formatter_class=fmt, epilog=OVERRIDE_HELP,
-                            help="preflight on every node: versions, devices, network env, all-reduce bandwidth",
-                            description="Start a short job on every node of the configured cluster (same backend "
-                                        "as launch) and report versions, accelerators, the effective network "
-                                        "environment and an all-reduce bus-bandwidth sweep; exit 1 on a problem.")
+                            help="preflight: hosts reachable, then versions, devices, interfaces, all-reduce "
+                                 "bandwidth per node",
+                            description="Check that every node can be used (cluster=ssh: each host of the "
+                                        "hostfile answers over ssh; cluster=slurm: enough partition nodes are not "
+                                        "down, drained or unresponsive) before anything starts, then start a short "
+                                        "job on every node (same backend as launch) and report versions, "
+                                        "accelerators, the interface and address each node's collectives use, and "
+                                        "all-reduce bus bandwidth intra-node, inter-node and over all ranks. "
+                                        "Results go to doctor.dir/<YYYYmmdd-HHMMSS>/ (default runs/doctor), never "
+                                        "into a run directory; exit 1 on a problem.")
     _add_compose_args(doctor)
     doctor.add_argument("--max-bytes", type=int, default=None,
                         help="largest all-reduce message (default 16 MiB on CPU, 256 MiB on CUDA)")
@@ -95,8 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
                                       "(weights, gradients, optimizer state by zero level, activations by "
                                       "recompute mode and micro-batches in flight) for the heaviest pipeline "
                                       "stage, pipeline bubble, communication per step, estimated step time, "
-                                      "tokens/s and MFU for hardware=h100|h200|a100|cpu. Exit 1 if it does not "
-                                      "fit.")
+                                      "tokens/s and MFU for a hardware= profile (configs/hardware/). Exit 1 if "
+                                      "it does not fit.")
     _add_compose_args(plan)
     from llmtrain.plan.cli import add_plan_arguments
 

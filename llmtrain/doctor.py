@@ -1,9 +1,13 @@
 """`llmtrain doctor [OVERRIDES]`: a preflight on every node of the configured cluster before a long job.
 
-Starts a short job through the same backend as `launch` (so the same hosts, environment and rendezvous are
-exercised), then reports: versions (Python, torch, CUDA, NCCL) and whether they agree, accelerators per rank,
-the effective network environment per node, and an all-reduce bandwidth sweep (bus bandwidth as nccl-tests
-computes it). Exits 1 on a problem.
+In order: the tools this node needs (ssh, sbatch); whether every node can be used (ssh: each host answers;
+Slurm: enough nodes of the partition are up, see doctor_preflight), before any job starts; then a short job
+through the same backend as `launch` (the same hosts, environment and rendezvous) that reports versions (Python,
+torch, CUDA, NCCL) and whether they agree, accelerators per rank, the interface and address each node's
+collectives use, and all-reduce bus bandwidth within nodes, across nodes and over all ranks. Exits 1 on a problem.
+
+Each check gets a folder of its own, doctor.dir/<YYYYmmdd-HHMMSS>/ (config.yaml, logs/, report.json): doctor
+never writes into a run directory nor takes its lock, so it can run beside a job.
 """
 
 from __future__ import annotations
@@ -11,99 +15,98 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 
 from omegaconf import DictConfig
-from rich.console import Console
 
-from llmtrain.console import fold_table, get_console
+from llmtrain.config import to_yaml
+from llmtrain.config.errors import ConfigError
+from llmtrain.console import get_console
+from llmtrain.doctor_preflight import nodes_ready
+from llmtrain.doctor_report import problems, render
 from llmtrain.launch.backend import get_backend
 from llmtrain.launch.monitor import Monitor
-from llmtrain.launch.run import prepare_run_dir
+
+WORKER = "llmtrain.doctor_worker"
+EXIT_PROBLEM = 1
+EXIT_INTERRUPTED = 130
 
 
-def problems(report: dict, cfg: DictConfig) -> list[str]:
-    out = []
-    ranks = report["ranks"]
-    expected = cfg.cluster.nnodes * cfg.cluster.nproc_per_node
-    if len(ranks) != expected:
-        out.append(f"{len(ranks)} ranks answered, {expected} expected")
-    for key in ("python", "torch", "cuda", "nccl"):
-        values = {r[key] for r in ranks}
-        if len(values) > 1:
-            where = ", ".join(f"{r['host']}={r[key]}" for r in ranks)
-            out.append(f"{key} versions differ across ranks: {where}")
-    want_cuda = cfg.device == "cuda" or (cfg.device == "auto" and any(r["cuda_available"] for r in ranks))
-    missing = sorted({r["host"] for r in ranks if want_cuda and not r["cuda_available"]})
-    if missing:
-        out.append(f"no CUDA device visible on {', '.join(missing)}")
-    envs = {}
-    for r in ranks:
-        envs.setdefault(r["host"], r["env"])
-    nccl_keys = {k for env in envs.values() for k in env if k.startswith("NCCL_")}
-    for key in sorted(nccl_keys):
-        values = {env.get(key) for env in envs.values()}
-        if len(values) > 1:
-            out.append(f"{key} differs across nodes: {values}")
-    return out
+def results_dir(base: str, now: float | None = None) -> str:
+    """A new, empty folder base/<YYYYmmdd-HHMMSS> (-2, -3, ... when that second is taken)."""
+    stamp = os.path.join(os.path.abspath(base), time.strftime("%Y%m%d-%H%M%S", time.localtime(now)))
+    path, n = stamp, 1
+    while True:
+        try:
+            os.makedirs(path)
+            return path
+        except FileExistsError:
+            n += 1
+            path = f"{stamp}-{n}"
+        except OSError as e:
+            raise ConfigError("doctor.dir", f"cannot create {path}: {e.strerror or e}") from None
 
 
-def render(report: dict, console: Console) -> None:
-    ranks = fold_table("ranks")
-    for col in ("rank", "host", "python", "torch", "cuda", "nccl", "device", "gpu"):
-        ranks.add_column(col)
-    for i, r in enumerate(report["ranks"]):
-        ranks.add_row(str(i), r["host"], r["python"], r["torch"], str(r["cuda"]), str(r["nccl"]), r["device"],
-                      str(r["gpu"] or "-"))
-    console.print(ranks)
-    seen = set()
-    for r in report["ranks"]:
-        if r["host"] in seen:
-            continue
-        seen.add(r["host"])
-        env = " ".join(f"{k}={v}" for k, v in r["env"].items()) or "(none set)"
-        console.print(f"network environment on {r['host']}: {env}", markup=False, highlight=False)
-    bw = fold_table(f"all_reduce, {report['world_size']} ranks (sum, fp32; busbw = algbw x 2(n-1)/n)")
-    for col in ("bytes", "time (us)", "algbw (GB/s)", "busbw (GB/s)"):
-        bw.add_column(col, justify="right")
-    for row in report["all_reduce"]:
-        bw.add_row(f"{row['bytes']:,}", f"{row['time_us']:,.1f}", f"{row['algbw_gbs']:.3f}",
-                   f"{row['busbw_gbs']:.3f}")
-    console.print(bw)
+def sweep_sizes(cfg: DictConfig, max_bytes: int | None) -> list[int]:
+    if max_bytes is None:
+        max_bytes = 256 * 2**20 if cfg.device == "cuda" else 16 * 2**20
+    return [s for s in (2**k for k in range(10, 31, 2)) if s <= max_bytes]
+
+
+def prepare(cfg: DictConfig, out_dir: str, sizes: list[int], iters: int) -> None:
+    """What the ranks read: the resolved config (whose run.dir is this folder) and the sweep's arguments."""
+    os.makedirs(os.path.join(out_dir, "logs"))
+    with open(os.path.join(out_dir, "config.yaml"), "w") as f:
+        f.write(to_yaml(cfg))
+    with open(os.path.join(out_dir, "doctor_args.json"), "w") as f:
+        json.dump({"sizes": sizes, "iters": iters}, f)
 
 
 def run_doctor(cfg: DictConfig, max_bytes: int | None, iters: int) -> int:
     console = get_console()
-    cfg.run.dir = os.path.join(os.path.abspath(cfg.run.dir), "doctor")
+    say = lambda text: console.print(text, markup=False, highlight=False, soft_wrap=True)  # noqa: E731
+    if cfg.doctor.connect_timeout_s <= 0:
+        raise ConfigError("doctor.connect_timeout_s", f"must be a positive number of seconds, got "
+                                                      f"{cfg.doctor.connect_timeout_s}")
     if cfg.cluster.name == "slurm":
         cfg.cluster.follow = True  # the report needs the job to finish
-    get_backend(cfg, cfg.run.dir, worker_module="llmtrain.doctor_worker").check_ready()
-    shutil.rmtree(cfg.run.dir, ignore_errors=True)
-    run_dir = prepare_run_dir(cfg)
-    if max_bytes is None:
-        max_bytes = 256 * 2**20 if cfg.device == "cuda" else 16 * 2**20
-    sizes = [s for s in (2**k for k in range(10, 31, 2)) if s <= max_bytes]
-    with open(os.path.join(run_dir, "doctor_args.json"), "w") as f:
-        json.dump({"sizes": sizes, "iters": iters}, f)
-    backend = get_backend(cfg, run_dir, worker_module="llmtrain.doctor_worker")
-    console.print(f"llmtrain doctor: {cfg.cluster.nnodes} node(s) x {cfg.cluster.nproc_per_node} process(es) "
-                  f"via {backend.name}; results in {run_dir}", markup=False, highlight=False)
-    monitor = Monitor(run_dir, 1, console)
+        cfg.cluster.requeue = False  # a preflight is run again by hand, never by Slurm
+        cfg.cluster.job_name = cfg.cluster.job_name or "llmtrain-doctor"
+    # The backend is built once for its checks (tools on PATH, the hostfile) before anything is written.
+    get_backend(cfg, os.path.abspath(cfg.doctor.dir), worker_module=WORKER).check_ready()
+    if not nodes_ready(cfg, console):
+        return EXIT_PROBLEM
+    out_dir = cfg.run.dir = results_dir(cfg.doctor.dir)
+    prepare(cfg, out_dir, sweep_sizes(cfg, max_bytes), iters)
+    backend = get_backend(cfg, out_dir, worker_module=WORKER)
+    say(f"llmtrain doctor: {cfg.cluster.nnodes} node(s) x {cfg.cluster.nproc_per_node} process(es) via "
+        f"{backend.name}; results in {out_dir}")
     try:
-        code = backend.run(monitor)
+        code = backend.run(Monitor(out_dir, 1, console))
+    except ConfigError:  # refused before anything ran (sbatch): nothing to keep
+        shutil.rmtree(out_dir, ignore_errors=True)
+        raise
     except KeyboardInterrupt:
         backend.stop()
-        return 130
-    path = os.path.join(run_dir, "doctor.json")
+        say(f"llmtrain doctor: interrupted; logs in {os.path.join(out_dir, 'logs')}")
+        return EXIT_INTERRUPTED
+    path = os.path.join(out_dir, "report.json")
     if code != 0 or not os.path.exists(path):
         console.print(f"[bold red]llmtrain doctor: the preflight job failed (exit code {code}); see "
-                      f"{os.path.join(run_dir, 'logs')}[/]")
-        return 1
+                      f"{os.path.join(out_dir, 'logs')}[/]", highlight=False, soft_wrap=True)
+        return EXIT_PROBLEM
     with open(path) as f:
         report = json.load(f)
     render(report, console)
     found = problems(report, cfg)
+    report.update(problems=found, ok=not found)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(report, f, indent=1)
+    os.replace(tmp, path)
     for p in found:
-        console.print(f"[bold red]problem:[/] {p}", highlight=False)
+        console.print(f"[bold red]problem:[/] {p}", highlight=False, soft_wrap=True)
     if not found:
         console.print("[bold green]llmtrain doctor: all ranks agree; collectives work[/]")
-    return 1 if found else 0
+    say(f"llmtrain doctor: report in {path}")
+    return EXIT_PROBLEM if found else 0

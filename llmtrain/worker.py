@@ -14,6 +14,8 @@ import sys
 import traceback
 from datetime import timedelta
 
+from llmtrain.launch.placement import record_place
+
 
 def _redirect_output(log_path: str) -> None:
     """Point fds 1 and 2 at the rank's log, so tracebacks and native crashes land there too."""
@@ -53,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     logs = os.path.join(run_dir, "logs")
     os.makedirs(logs, exist_ok=True)
     _redirect_output(os.path.join(logs, f"rank{rank}.log"))
+    record_place(run_dir, rank)
     status_path = os.path.join(logs, f"rank{rank}.status")
 
     import torch

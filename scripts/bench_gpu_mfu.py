@@ -54,7 +54,7 @@ def main() -> int:
               "an NVIDIA GPU", file=sys.stderr)
         return 1
 
-    from llmtrain.config import compose_config
+    from llmtrain.config import ConfigError, compose_config
     from llmtrain.plan.cli import load_profile
     from llmtrain.plan.estimate import flops_per_token, stage_params
     from llmtrain.plan.hardware import resolve
@@ -63,17 +63,20 @@ def main() -> int:
           f"model.seq_len={a.seq}", f"train.micro_batch_size={a.micro}", f"train.global_batch_size={a.global_batch}",
           f"train.max_steps={a.steps}", "train.log_interval=1", "train.eval_interval=0", "checkpoint.at_end=false",
           "checkpoint.resume=none", f"recompute={a.recompute}", "hardware=auto", *a.extra]
-    if a.peak_tflops:  # what the trainer uses on a GPU without a profile (a known one keeps its profile's peak)
+    if a.peak_tflops:  # the trainer uses it too, in place of the detected profile's
         ov.append(f"+hardware.peak_tflops.bfloat16={a.peak_tflops}")
     cfg = compose_config(ov)
     _, params, non_embedding = stage_params(cfg)
     fpt = flops_per_token(cfg, non_embedding)
     try:
         hw = resolve(cfg.hardware, cfg.precision.compute_dtype, load_profile)
-    except ValueError as e:
-        print(f"bench_gpu_mfu: {torch.cuda.get_device_name()}: {e}; pass --peak-tflops", file=sys.stderr)
+    except ConfigError as e:  # a GPU without bf16
+        print(f"bench_gpu_mfu: {e}", file=sys.stderr)
         return 1
-    peak = (a.peak_tflops or hw["peak_tflops"]) * 1e12
+    if hw["peak_tflops"] is None:
+        print(f"bench_gpu_mfu: no hardware profile matches {hw['device']}; pass --peak-tflops", file=sys.stderr)
+        return 1
+    peak = hw["peak_tflops"] * 1e12
     world = cfg.cluster.nproc_per_node * cfg.cluster.nnodes
     print(f"{torch.cuda.get_device_name()} ({hw['name']}, peak {peak / 1e12:,.0f} TFLOPS bf16 dense); "
           f"{a.model}: {params / 1e9:.2f}B params, {fpt / 1e9:.2f} GFLOP/token; micro {a.micro} x seq {a.seq}, "

@@ -162,7 +162,7 @@ def test_killed_rank_restarts_and_matches(uninterrupted, tmp_path):
     assert status["restart"] == 1  # the job really restarted
     # The launcher says which rank died and that torchrun restarts; rank 0 says where it resumed.
     # torchrun may see rank 0's error (it lost its peer) in the same poll as the kill; rank 1 is named either way.
-    assert re.search(r"rank 1 \(local rank 1\) failed \((signal 9|ended without an error of its own: killed)\); "
+    assert re.search(r"rank 1 \(node 0, host \S+, local rank 1\) failed \((signal 9|ended without an error of its own: killed)\); "
                      r"torchrun restarts the workers \(restart 1 of 1\)", out), out
     assert re.search(r"restart 1 of 1: resumed from \S+/step-\d{7} at step \d+", out), out
     losses = train_losses(run_dir)

@@ -19,6 +19,7 @@ from conftest import SMALL, read_rows, run_cli, wait_for
 from llmtrain.cli import main
 from llmtrain.config import compose_config, to_yaml
 from llmtrain.jobs.record import LaunchRecord, launch_overrides, read_launches
+from llmtrain.launch.ssh import SSHBackend
 
 
 # ---- fake run directories ------------------------------------------------------------------------------------
@@ -80,13 +81,13 @@ def status_json(capsys, run_dir: Path) -> dict:
 def test_each_launch_is_recorded_and_earlier_ones_are_kept(tmp_path, monkeypatch):
     cfg = SimpleNamespace(run=SimpleNamespace(dir=str(tmp_path)))
     monkeypatch.setattr(sys, "argv", ["llmtrain", "launch", "--config-dir", "mine", "model=gpt-125m", "~env.X"])
-    first = LaunchRecord.start(cfg, SimpleNamespace(name="local"))
+    first = LaunchRecord.start(cfg, SimpleNamespace(name="local", host_names=lambda: [socket.gethostname()]))
     (entry,) = read_launches(str(tmp_path))
     assert entry["launch"] == 1 and entry["backend"] == "local" and entry["ended"] is None
     assert entry["launcher"] == {"host": socket.gethostname(), "pid": os.getpid()}
     assert entry["hosts"] == [socket.gethostname()] and entry["overrides"] == ["model=gpt-125m", "~env.X"]
     first.ended(143, None)
-    second = LaunchRecord.start(cfg, SimpleNamespace(name="slurm"))
+    second = LaunchRecord.start(cfg, SimpleNamespace(name="slurm", host_names=lambda: None))
     assert [e["launch"] for e in read_launches(str(tmp_path))] == [1, 2]
     assert read_launches(str(tmp_path))[1]["hosts"] is None  # Slurm picks them when the job starts
     second.ended(0, "4242")
@@ -98,7 +99,9 @@ def test_each_launch_is_recorded_and_earlier_ones_are_kept(tmp_path, monkeypatch
 def test_ssh_hosts_come_from_the_hostfile(tmp_path):
     cfg = SimpleNamespace(run=SimpleNamespace(dir=str(tmp_path)))
     hosts = [SimpleNamespace(name="node1"), SimpleNamespace(name="node2")]
-    LaunchRecord.start(cfg, SimpleNamespace(name="ssh", hosts=hosts))
+    backend = SimpleNamespace(name="ssh", hosts=hosts)
+    backend.host_names = lambda: SSHBackend.host_names(backend)
+    LaunchRecord.start(cfg, backend)
     assert read_launches(str(tmp_path))[0]["hosts"] == ["node1", "node2"]
 
 

@@ -68,7 +68,7 @@ def test_report_names_rank_host_and_signal(tmp_path):
     assert "rank 1 (host node2, local rank 0) failed (signal 9)" in text and "Killed" in text
     console = Console(record=True, width=200)
     report_failure(console, str(tmp_path), _summary(1, -9, "node2"), 1, node=1)
-    assert "rank 1 (node 1, local rank 0) failed (signal 9)" in console.export_text()
+    assert "rank 1 (node 1, host node2, local rank 0) failed (signal 9)" in console.export_text()
 
 
 def test_among_silent_deaths_the_earliest_and_not_the_launchers_sigterm_comes_first(tmp_path):
@@ -98,14 +98,14 @@ def test_restart_notice_names_the_killed_rank(tmp_path):
     logs.mkdir()
     notices = RestartNotices(str(tmp_path), nnodes=1, max_restarts=2, nproc_per_node=2)
     (logs / "node0.log").write_text(_agent_failure(1, -9))
-    assert notices.poll() == ["llmtrain: rank 1 (local rank 1) failed (signal 9); torchrun restarts the workers "
+    assert notices.poll() == ["llmtrain: rank 1 (node 0, local rank 1) failed (signal 9); torchrun restarts the workers "
                               "(restart 1 of 2), which resume from the newest complete checkpoint"]
     # torchrun saw rank 0's error first (it lost its peer in the same poll): rank 1, which recorded nothing, is named.
     (logs / "rank0.status").write_text('{"status": "error", "error": "Connection closed by peer", "restart": 1}')
     with open(logs / "node0.log", "a") as f:
         f.write(_agent_failure(0, 1))
     (notice,) = notices.poll()
-    assert notice.startswith("llmtrain: rank 1 (local rank 1) failed (ended without an error of its own: killed)")
+    assert notice.startswith("llmtrain: rank 1 (node 0, local rank 1) failed (ended without an error of its own: killed)")
     assert "(restart 2 of 2)" in notice
     # The failure after the last restart ends the job: the launcher's failure report names it, not a notice.
     with open(logs / "node0.log", "a") as f:

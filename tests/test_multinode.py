@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -57,10 +58,18 @@ def test_ssh_two_nodes_match_one_node(cluster, hostfile, reference, tmp_path):  
     losses = train_losses(run_dir)
     assert sorted(losses) == list(range(1, 9))
     assert max(abs(losses[s] - reference[s]) for s in reference) <= 1e-5
+    assert "on 2 node(s) (node1, node2), backend ssh" in result.stdout
+    assert "starting 2 node(s) over ssh: node1, node2" in result.stdout
     # Each node ran on its own host, with the env: extras propagated and recorded.
     for node, host in ((0, "node1"), (1, "node2")):
         env = (run_dir / "logs" / f"node{node}.env").read_text()
         assert f"host {host}" in env and "LLMTRAIN_TEST_MARK=propagated" in env
+    # Every rank recorded where it ran, in the launcher's numbering of the nodes.
+    places = {r: json.loads((run_dir / "logs" / f"rank{r}.place").read_text()) for r in (0, 1)}
+    assert sorted((p["node"], p["host"], p["local_rank"]) for p in places.values()) == [(0, "node1", 0),
+                                                                                      (1, "node2", 0)]
+    combined = (run_dir / "logs" / "combined.log").read_text()
+    assert re.search(rf"^\[{places[0]['node']}/0\] step +8/8 \| loss", combined, re.MULTILINE), combined[-2000:]
     assert not node_processes(run_dir)
 
 
@@ -84,8 +93,65 @@ def test_ssh_node_failure_stops_every_node(cluster, hostfile, tmp_path):  # noqa
     finally:
         proc.kill()
     assert proc.returncode not in (0, None)
-    assert re.search(r"node 1 \(node2\) failed", out), out[-3000:]
+    assert re.search(r"node 1 \(host node2\) failed", out), out[-3000:]
+    assert re.search(r"rank \d \(node 1, host node2, local rank 0\) failed \(signal 9\)", out), out[-3000:]
     assert wait_for(lambda: not node_processes(run_dir), timeout=30), node_processes(run_dir)
+
+
+def _agent(run_dir, node: int) -> psutil.Process:
+    """The node agent of `node` (argv: ... node_agent RUN_DIR NODE -- torchrun ...)."""
+    agents = [p for p in node_processes(run_dir) if "llmtrain.launch.node_agent" in p.cmdline()
+              and p.cmdline()[p.cmdline().index("llmtrain.launch.node_agent") + 2] == str(node)]
+    assert len(agents) == 1, agents
+    return agents[0]
+
+
+def test_ssh_node_agent_lost_mid_run_stops_the_job(cluster, hostfile, tmp_path):  # noqa: F811
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "llmtrain", "launch", f"run.dir={run_dir}", *COMMON,
+                             "train.max_steps=100000", *ssh_args(cluster, hostfile)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, **cluster.env})
+    try:
+        assert wait_for(lambda: read_rows(run_dir), timeout=180), "training never started"
+        _agent(run_dir, 1).send_signal(signal.SIGKILL)   # the agent, not a worker
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode not in (0, None), out[-3000:]
+    assert "llmtrain: node 1 (host node2) lost its node agent or ssh connection (ssh exit code 255" in out, \
+        out[-3000:]
+    # Its torchrun went with it, so nothing trains on unsupervised.
+    assert wait_for(lambda: not node_processes(run_dir), timeout=30), node_processes(run_dir)
+
+
+def test_ssh_network_partition_names_the_unreachable_node(cluster, hostfile, tmp_path):  # noqa: F811
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "llmtrain", "launch", f"run.dir={run_dir}", *COMMON,
+                             "train.max_steps=100000", "launch.pg_timeout_s=30", *ssh_args(cluster, hostfile)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, **cluster.env})
+    try:
+        assert wait_for(lambda: read_rows(run_dir), timeout=180), "training never started"
+        subprocess.run(["ip", "-n", "llmt-n2", "link", "set", "eth0", "down"], check=True)
+        cut = time.monotonic()
+        out, _ = proc.communicate(timeout=150)
+        took = time.monotonic() - cut
+        print(f"launcher exited {took:.1f} s after the partition")
+        # node2's processes cannot hear the launcher stop them: they stop themselves when its heartbeat stops.
+        assert wait_for(lambda: not node_processes(run_dir), timeout=20), node_processes(run_dir)
+    finally:
+        proc.kill()
+        subprocess.run(["ip", "-n", "llmt-n2", "link", "set", "eth0", "up"], check=True)
+        # Slurm may have marked node2 down meanwhile; later tests need it back.
+        wait_for(lambda: subprocess.run(["sinfo", "-h", "-n", "node2", "-o", "%T"], capture_output=True, text=True,
+                                        env={**os.environ, **cluster.env}).stdout.strip() == "idle", timeout=90)
+    assert proc.returncode not in (0, None), out[-3000:]
+    # The healthy node1 is not blamed: the unreachable node is named, with what a fresh connection met.
+    assert re.search(r"llmtrain: node 1 \(host node2\) is unreachable \(its ssh connection ended with exit code "
+                     r"255; a new one failed after [\d.]+ s: ", out), out[-3000:]
+    assert "rank 0 (node 0" not in out, out[-3000:]
+    assert took < 90, took
 
 
 def test_hostfile_with_shell_metacharacters_runs_nothing(cluster, tmp_path):  # noqa: F811
@@ -127,6 +193,10 @@ def test_slurm_two_nodes_match_and_requeue_resumes(cluster, reference, tmp_path)
     assert proc.returncode == 0, out[-3000:]
     log = (run_dir / "logs" / "rank0.log").read_text()
     assert "preemption signal received" in log and "resumed from" in log
+    # One combined log across the requeue: a separator per start of the job, rank 0's lines prefixed [node/0].
+    combined = (run_dir / "logs" / "combined.log").read_text()
+    assert re.findall(r"^===== launch 1 \(Slurm job \d+, restart (\d)\), ", combined, re.MULTILINE) == ["0", "1"]
+    assert re.search(r"^\[[01]/0\] step +40/400 \| loss", combined, re.MULTILINE), combined[-2000:]
     ref_dir = tmp_path / "requeue-ref"
     launch(ref_dir, *SMALL, "train.global_batch_size=8", "train.micro_batch_size=2", f"train.max_steps={steps}",
            "train.stop_at_step=40")
@@ -163,7 +233,7 @@ def test_slurm_killed_rank_is_named_from_the_job_log(cluster, tmp_path):  # noqa
             subprocess.run(["scancel", log.name[6:-4]], env={**os.environ, **cluster.env}, capture_output=True)
     assert proc.returncode not in (0, None)
     # Rank 0 only lost its peer and recorded an error; the rank killed by the signal is the one named.
-    assert re.search(r"rank 1 \(host \S+, local rank 0\) failed \(signal 9\)", out), out[-3000:]
+    assert re.search(r"rank 1 \(node [01], host node[12], local rank 0\) failed \(signal 9\)", out), out[-3000:]
     assert wait_for(lambda: not node_processes(run_dir), timeout=60), node_processes(run_dir)
 
 

@@ -214,7 +214,7 @@ def test_a_rank_killed_after_its_peers_timed_out_is_named_hung(tmp_path):
     (logs / "rank1.log").write_text("")
     text = _report(tmp_path, HUNG)
     first = text.splitlines()[0]
-    assert first.startswith("llmtrain: rank 1 (node 0, local rank 1) hung (stopped responding): rank 0 timed out "
+    assert first.startswith("llmtrain: rank 1 (node 0, host localhost, local rank 1) hung (stopped responding): rank 0 timed out "
                             "waiting for it in a collective"), first
     assert "Timed out waiting 10000ms" in first and "killed (signal 9)" in first
     # Its own log is empty (ranks other than 0 log little): the peer's last lines stand in.
@@ -380,8 +380,9 @@ def test_a_hung_rank_is_named_as_hung_with_log_lines(tmp_path):
         proc.kill()
     assert proc.returncode not in (0, None), out
     lines = out.splitlines()
-    named = [i for i, line in enumerate(lines) if line.startswith("llmtrain: rank 1 (node 0, local rank 1) hung "
-                                                                  "(stopped responding): rank 0 timed out")]
+    named = [i for i, line in enumerate(lines)
+             if re.match(r"llmtrain: rank 1 \(node 0, host \S+, local rank 1\) hung \(stopped responding\): rank 0 "
+                         "timed out", line)]
     assert named, out[-3000:]
     shown = [line for line in lines[named[0] + 1:] if line.startswith("  ") and line.strip()]
     assert len(shown) >= 2 and any("Timed out" in line for line in shown), out[-3000:]

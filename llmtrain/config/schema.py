@@ -119,10 +119,13 @@ class ProfileConfig:
 
 @dataclass
 class HardwareConfig:
-    # auto | h100 | h200 | a100 | cpu (configs/hardware/); used by `llmtrain plan` and for MFU.
+    # auto | cpu | a GPU profile (configs/hardware/); used by `llmtrain plan`, for MFU and precision checks.
     name: str = "auto"
-    # Dense peak TFLOPS per device by dtype; empty = measure (CPU) or look up by name.
+    # Dense peak TFLOPS per device by dtype (float32 tfloat32 bfloat16 float16 float8); empty = measure (CPU) or
+    # look up by name. A GPU profile lists every dtype its matrix units run: no bfloat16 peak = no bf16.
     peak_tflops: Dict[str, float] = field(default_factory=dict)
+    # CUDA compute capability "major.minor" (e.g. "9.0"); null for AMD (gfx names are no capability) and CPU.
+    compute_capability: Optional[str] = None
     memory_gib: Optional[float] = None
     intra_node_gbs: float = 450.0
     inter_node_gbs: float = 50.0
@@ -140,9 +143,26 @@ class RecomputeConfig:
 
 @dataclass
 class OptimConfig:
-    # Fused AdamW kernel: none (plain torch), torch (torch's fused=True, CUDA), apex (apex FusedAdam +
-    # FusedLayerNorm; needs NVIDIA apex).
-    fused: str = "none"
+    # AdamW kernel: auto (torch's fused=True on CUDA, the plain per-parameter loop on CPU), none (plain loop),
+    # torch (fused=True; CUDA and CPU), apex (apex FusedAdam + FusedLayerNorm; needs NVIDIA apex, dp=1 tp=1).
+    fused: str = "auto"
+
+
+@dataclass
+class ContainerConfig:
+    # none | pyxis (Slurm's srun --container-image) | apptainer (`apptainer exec` around each node's command;
+    # slurm and ssh).
+    runtime: str = "none"
+    # pyxis: an enroot URI (nvcr.io#nvidia/pytorch:24.05-py3) or a .sqsh path; apptainer: a .sif path or docker:// URI.
+    image: Optional[str] = None
+    # SRC:DST[:FLAGS] bind mounts; the working and run directories are mounted at their own paths anyway.
+    mounts: List[str] = field(default_factory=list)
+    # Where the node's command runs inside (null = cluster.workdir, mounted at the same path).
+    workdir: Optional[str] = None
+    # More options for the runtime: srun's (pyxis), `apptainer exec`'s (apptainer).
+    extra_args: List[str] = field(default_factory=list)
+    # apptainer: the command (singularity where that is what the cluster has).
+    executable: str = "apptainer"
 
 
 @dataclass
@@ -187,6 +207,8 @@ class ClusterConfig:
     sbatch_extra: List[str] = field(default_factory=list)
     # After submitting, follow the job's state and log until it ends and exit with its status.
     follow: bool = False
+    # slurm, ssh: run each node's process in a container image.
+    container: ContainerConfig = field(default_factory=ContainerConfig)
 
 
 @dataclass
@@ -235,6 +257,15 @@ class LaunchConfig:
 
 
 @dataclass
+class DoctorConfig:
+    # `llmtrain doctor` results: one folder per check, DIR/<YYYYmmdd-HHMMSS>/ (report.json, logs/), apart from any
+    # run directory.
+    dir: str = "runs/doctor"
+    # cluster=ssh: seconds ssh gets to reach each host before doctor calls it unreachable.
+    connect_timeout_s: int = 10
+
+
+@dataclass
 class LLMTrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
@@ -251,6 +282,7 @@ class LLMTrainConfig:
     run: RunConfig = field(default_factory=RunConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     launch: LaunchConfig = field(default_factory=LaunchConfig)
+    doctor: DoctorConfig = field(default_factory=DoctorConfig)
     # Extra environment variables for every worker (added on top of network.env).
     env: Dict[str, str] = field(default_factory=dict)
     # auto | cpu | cuda

@@ -13,12 +13,19 @@ def padded_vocab_size(model_cfg) -> int:
     return -(-model_cfg.vocab_size // m) * m
 
 DEVICES = ("auto", "cpu", "cuda")
-PRECISIONS = ("fp32", "bf16", "fp16", "apex-o1", "apex-o2")
-APEX_INSTALL = ("NVIDIA apex is not installed (it is not on PyPI): build it from source with "
-                "git clone https://github.com/NVIDIA/apex && cd apex && pip install -v --no-build-isolation "
-                "--config-settings --build-option=--cpp_ext --config-settings --build-option=--cuda_ext ./ ; "
-                "or use precision=bf16|fp16 and optim.fused=torch (PyTorch-native, recommended)")
-FUSED = ("none", "torch", "apex")
+PRECISIONS = ("fp32", "bf16", "fp16")
+# apex amp's opt levels: their configs stay so that asking for them gets this answer instead of "no such option".
+RETIRED_PRECISIONS = ("apex-o1", "apex-o2")
+APEX_AMP_GONE = ("current NVIDIA apex has no amp (apex.amp was removed); precision=fp16 is the O1 recipe "
+                 "(autocast + dynamic loss scaling starting at 2^16) and precision=bf16 the modern default "
+                 "(no loss scaling needed)")
+APEX_EXTENSIONS = ("amp_C", "fused_layer_norm_cuda")  # FusedAdam's and FusedLayerNorm's kernels
+APEX_BUILD = ("git clone https://github.com/NVIDIA/apex && cd apex && APEX_CUDA_EXT=1 pip install -v "
+              "--no-build-isolation . (the README's 'NVIDIA apex' part builds just these two); or use "
+              "optim.fused=auto (torch's fused AdamW on CUDA, no build)")
+APEX_INSTALL = ("NVIDIA apex is not installed (it is not on PyPI); optim.fused=apex needs its CUDA extensions "
+                f"{' and '.join(APEX_EXTENSIONS)}: {APEX_BUILD}")
+FUSED = ("auto", "none", "torch", "apex")
 RECOMPUTE_MODES = ("none", "full", "selective")
 DTYPES = ("float32", "bfloat16", "float16")
 DATA_SOURCES = ("synthetic", "memmap", "stdlib")
@@ -58,15 +65,31 @@ def validate(cfg: DictConfig) -> None:
     _validate_train(cfg)
     _validate_data(cfg)
     _validate_precision(cfg)
+    _validate_hardware(cfg)
     _validate_recompute_and_optim(cfg)
 
 
-def apex_available() -> bool:
-    try:
-        import apex  # noqa: F401
-    except ImportError:
-        return False
-    return True
+def apex_missing() -> str | None:
+    """Why optim.fused=apex cannot run here, or None. Looked up without importing (apex imports torch)."""
+    from importlib.util import find_spec
+
+    if find_spec("apex") is None:
+        return APEX_INSTALL
+    missing = [name for name in APEX_EXTENSIONS if find_spec(name) is None]
+    if missing:
+        return (f"NVIDIA apex is installed without its CUDA extension(s) {' and '.join(missing)} (a Python-only "
+                f"build); rebuild it: {APEX_BUILD}")
+    return None
+
+
+def _validate_apex_layout(cfg: DictConfig) -> None:
+    # Checked before apex itself, so nobody builds apex for a layout that cannot use it.
+    p = cfg.parallel
+    dtensor = [f"parallel.{key}={p[key]}" for key in ("dp", "tp") if p[key] > 1]
+    _require(not dtensor, "optim.fused",
+             f"apex's FusedAdam and FusedLayerNorm take plain tensors, and {' and '.join(dtensor)} hold the "
+             "parameters as DTensors (FSDP2, tensor parallel); use optim.fused=auto or torch (every layout), or "
+             "apex with parallel.dp=1 parallel.tp=1 (pipeline stages are fine)")
 
 
 def _validate_recompute_and_optim(cfg: DictConfig) -> None:
@@ -75,7 +98,9 @@ def _validate_recompute_and_optim(cfg: DictConfig) -> None:
     _require(r.every >= 1, "recompute.every", f"must be >= 1 (got {r.every})")
     _require(o.fused in FUSED, "optim.fused", f"must be one of {FUSED} (got {o.fused})")
     if o.fused == "apex":
-        _require(apex_available(), "optim.fused", APEX_INSTALL)
+        _validate_apex_layout(cfg)
+        missing = apex_missing()
+        _require(missing is None, "optim.fused", missing)
     prof = cfg.profile
     if prof.steps is not None:
         steps = list(prof.steps)
@@ -229,13 +254,29 @@ def _validate_data(cfg: DictConfig) -> None:
         raise ConfigError(e.key, e.message) from None
 
 
+def _validate_hardware(cfg: DictConfig) -> None:
+    """The peak table's keys and values, the compute capability's form, and for a named GPU profile the compute
+    dtype (hardware=auto checks it in the worker, once the GPU is known)."""
+    from llmtrain.plan.hardware import PEAK_DTYPES, check_dtype, parse_capability
+
+    hw = cfg.hardware
+    for dtype, tflops in hw.peak_tflops.items():
+        key = f"hardware.peak_tflops.{dtype}"
+        _require(dtype in PEAK_DTYPES, key, f"unknown dtype '{dtype}' (choose from {', '.join(PEAK_DTYPES)})")
+        _require(tflops > 0, key, f"must be > 0 (got {tflops})")
+    try:
+        parse_capability(hw.compute_capability)
+    except ValueError as e:
+        raise ConfigError("hardware.compute_capability", str(e)) from None
+    if hw.name != "auto":
+        check_dtype(dict(hw.peak_tflops), hw.name, cfg.precision.compute_dtype)
+
 def _validate_precision(cfg: DictConfig) -> None:
     pr = cfg.precision
+    _require(pr.name not in RETIRED_PRECISIONS, "precision", f"{pr.name} is retired: {APEX_AMP_GONE}")
     _require(pr.name in PRECISIONS, "precision.name", f"unknown precision '{pr.name}' (choose from {PRECISIONS})")
     for key in ("compute_dtype", "reduce_dtype"):
         _require(pr[key] in DTYPES, f"precision.{key}", f"must be one of {DTYPES} (got {pr[key]})")
-    if pr.name.startswith("apex-"):
-        _require(apex_available(), "precision", APEX_INSTALL)
     if pr.name == "fp16":
         _require(pr.init_scale > 0, "precision.init_scale", f"must be > 0 (got {pr.init_scale})")
         _require(pr.growth_factor > 1.0, "precision.growth_factor", f"must be > 1 (got {pr.growth_factor})")
@@ -265,4 +306,7 @@ def _validate_cluster(cfg: DictConfig) -> None:
         _require(c.hostfile not in (None, "???"), "cluster.hostfile",
                  "cluster=ssh needs a hostfile: cluster.hostfile=FILE (lines of 'hostname slots=N')")
         cluster_hosts(c)
+    from llmtrain.launch.container import check_container
+
+    check_container(cfg)
 

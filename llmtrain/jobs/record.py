@@ -60,14 +60,6 @@ def launch_overrides(argv: list[str]) -> list[str]:
     return overrides
 
 
-def _hosts(backend) -> list[str] | None:
-    if backend.name == "ssh":
-        return [host.name for host in backend.hosts]
-    if backend.name == "local":
-        return [socket.gethostname()]
-    return None  # Slurm picks the nodes when the job starts (scontrol's NodeList)
-
-
 class LaunchRecord:
     """This launch's entry in job.json."""
 
@@ -82,7 +74,7 @@ class LaunchRecord:
         earlier = read_launches(run_dir)
         entry = {"launch": len(earlier) + 1, "backend": backend.name,
                  "launcher": {"host": socket.gethostname(), "pid": os.getpid()}, "job_id": None,
-                 "hosts": _hosts(backend), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+                 "hosts": backend.host_names(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
                  "overrides": launch_overrides(sys.argv[1:]), "ended": None, "exit_code": None}
         _write(run_dir, earlier + [entry])
         return cls(run_dir, entry)

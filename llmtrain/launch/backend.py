@@ -43,6 +43,10 @@ class Backend(abc.ABC):
         """What this node can tell before anything is written or started (tools on PATH, devices); raises
         ConfigError."""
 
+    def host_names(self) -> list[str] | None:
+        """The hosts the job runs on, when known before it starts (Slurm picks them when the job starts)."""
+        return None
+
     def job_holding_run_dir(self) -> str | None:
         """A job that keeps running after the launcher exits (a Slurm job id), which then holds the run dir."""
         return None

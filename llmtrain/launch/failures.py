@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from rich.console import Console
 from rich.markup import escape
 
+from llmtrain.launch.placement import describe_rank
+
 # One entry of torchrun's "Failures:" / "Root Cause" summary (time, host and local_rank are optional).
 _FAILURE = re.compile(r"(?:time\s*:\s*(\S+)\s*\n\s*)?(?:host\s*:\s*(\S+)\s*\n\s*)?"
                       r"rank\s*:\s*(\d+)(?:\s*\(local_rank:\s*(\d+)\))?[^\n]*\n\s*exitcode\s*:\s*(-?\d+)")
@@ -56,6 +58,20 @@ def rank_statuses(run_dir: str) -> dict[int, dict]:
                     out[int(name[4:-7])] = json.load(f)
             except (OSError, ValueError):
                 continue
+    return out
+
+
+def finished_ranks(run_dir: str, since: float) -> set[int]:
+    """Ranks whose status says "ok", written at or after `since` (a time.time()): finished in this launch."""
+    logs = os.path.join(run_dir, "logs")
+    out = set()
+    for rank, status in rank_statuses(run_dir).items():
+        try:
+            fresh = os.path.getmtime(os.path.join(logs, f"rank{rank}.status")) >= since
+        except OSError:
+            continue
+        if fresh and status.get("status") == "ok":
+            out.add(rank)
     return out
 
 
@@ -151,9 +167,10 @@ def _no_culprit(console: Console, run_dir: str, agent_output: str, exit_code: in
 
 
 def report_failure(console: Console, run_dir: str, agent_output: str, exit_code: int,
-                   node: int | None = None) -> None:
-    """Name the culprit rank (and its node: `node` when the caller knows it, else the host torchrun reported),
-    what it died of or the error it recorded, and print the tail of its log."""
+                   node: int | None = None, host: str | None = None) -> None:
+    """Name the culprit rank (its node, host and local rank: as the rank recorded them, else as torchrun
+    reported them, else `node`/`host` when the caller knows them), what it died of or the error it recorded, and
+    print the tail of its log."""
     failures, statuses = agent_failures(agent_output), rank_statuses(run_dir)
     ranks = _ordered(failures, statuses, agent_output)
     if not ranks:
@@ -166,25 +183,20 @@ def report_failure(console: Console, run_dir: str, agent_output: str, exit_code:
         how = f"job exit code {exit_code}"
     else:
         how = f"signal {-failure.code}" if failure.code < 0 else f"exit code {failure.code}"
-    where = [f"node {node}"] if node is not None else []
-    host = (failure.host if failure else None) or status.get("host")
-    if host and node is None:
-        where.append(f"host {host}")
-    if failure is not None and failure.local_rank is not None:
-        where.append(f"local rank {failure.local_rank}")
-    label = f" ({', '.join(where)})" if where else ""
+    who = describe_rank(run_dir, rank, host=(failure.host if failure else None) or status.get("host") or host,
+                        local_rank=failure.local_rank if failure else None, node=node)
     log = os.path.join(run_dir, "logs", f"rank{rank}.log")
     peer = _hung_for(rank, failure, failures, statuses)
     if peer is not None:
         said = escape(f": rank {peer} timed out waiting for it in a collective "
                       f"({_first_line(statuses[peer].get('error'))}), and it was then killed ({how}); last lines "
                       f"of {log}:")
-        console.print(f"[bold red]llmtrain: rank {rank}{label} hung (stopped responding)[/]{said}", highlight=False)
+        console.print(f"[bold red]llmtrain: {escape(who)} hung (stopped responding)[/]{said}", highlight=False)
         _print_tail(console, log, fallback=(peer, os.path.join(run_dir, "logs", f"rank{peer}.log")))
         return
     error = _first_line(status.get("error"))
     said = escape((f": {error}" if error else "") + f"; last lines of {log}:")
-    console.print(f"[bold red]llmtrain: rank {rank}{label} failed ({how})[/]{said}", highlight=False)
+    console.print(f"[bold red]llmtrain: {escape(who)} failed ({how})[/]{said}", highlight=False)
     _print_tail(console, log)
 
 

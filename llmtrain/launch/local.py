@@ -37,6 +37,9 @@ class LocalBackend(Backend):
         self.proc = None
         self.output: list[str] = []
 
+    def host_names(self) -> list[str]:
+        return [socket.gethostname()]
+
     def check_ready(self) -> None:
         if self.cfg.device == "cuda":
             import torch

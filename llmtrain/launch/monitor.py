@@ -19,6 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from llmtrain.console import get_console
 from llmtrain.launch import processes
+from llmtrain.launch.combined_log import CombinedLog
 from llmtrain.launch.follow import LineFollower
 from llmtrain.launch.restarts import RestartNotices
 
@@ -87,7 +88,9 @@ class RendezvousWatch:
 class Monitor:
     def __init__(self, run_dir: str, max_steps: int, console: Console | None = None, stream_rank: int = 0,
                  nnodes: int = 1, max_restarts: int = 0, rendezvous_timeout_s: float | None = None,
-                 nproc_per_node: int = 1):
+                 nproc_per_node: int = 1, combined_log: bool = False):
+        """combined_log: write logs/combined.log while following (the launcher of a job whose processes it
+        owns; a Slurm job's batch script writes its own)."""
         self.run_dir = run_dir
         self.console = console or get_console()
         self.log = LineFollower(os.path.join(run_dir, "logs", f"rank{stream_rank}.log"), from_end=True)
@@ -102,8 +105,11 @@ class Monitor:
         self.task = self.progress.add_task("train", total=max_steps, loss="-", tps="-", mfu="-")
         self.last_row: dict = {}
         self.rendezvous = RendezvousWatch(rendezvous_timeout_s, self.console)
+        self.combined = CombinedLog(run_dir) if combined_log else None
 
     def poll(self) -> None:
+        if self.combined is not None:
+            self.combined.poll()
         for line in self.restarts.poll():
             self.console.print(line, markup=False, highlight=False, soft_wrap=True)
         for line in self.log.new_lines():

@@ -3,6 +3,10 @@
 It starts CMD (torchrun) in its own session and ties it to its controller:
 - stdin closing (the launcher died, was stopped, or the ssh connection dropped) stops the whole tree, so no
   process is left on the node; a line "preempt" asks the workers to checkpoint (SIGUSR1);
+- with HEARTBEAT_ENV set (ssh), the launcher writes a line every that many seconds; silence for HEARTBEAT_MISSES of
+  them means the head node is unreachable (a network partition never closes stdin) and stops the tree too;
+- the agent's own death (kill -9) takes torchrun with it (PR_SET_PDEATHSIG), so its workers stop, their peers
+  fail, and the job ends as for a lost worker instead of training on unsupervised;
 - SIGTERM / SIGUSR1 to the agent (Slurm preemption or time limit) are passed to the workers as SIGUSR1;
 - the effective environment is recorded in RUN_DIR/logs/node{N}.env.
 It exits with CMD's exit status.
@@ -10,11 +14,19 @@ It exits with CMD's exit status.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
 import sys
 import threading
+import time
+
+from llmtrain.launch.placement import NODE_INDEX_ENV
+
+HEARTBEAT_ENV = "LLMTRAIN_AGENT_HEARTBEAT_S"
+HEARTBEAT_MISSES = 6
+PR_SET_PDEATHSIG = 1
 
 # Variables worth recording: they decide how collectives reach the other nodes.
 RECORDED_PREFIXES = ("NCCL_", "GLOO_", "CUDA_", "TORCH_", "OMP_", "MASTER_", "SLURM_", "LLMTRAIN_", "UCX_",
@@ -28,6 +40,15 @@ def record_env(run_dir: str, node_rank: int) -> None:
     lines.insert(0, f"# node {node_rank} host {os.uname().nodename}\n")
     with open(path, "w") as f:
         f.writelines(lines)
+
+
+def _child_setup() -> None:
+    """In torchrun before exec: ignore SIGUSR1 (see main), and die with the agent."""
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):  # not Linux: the stdin watch still covers a lost launcher
+        pass
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,8 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     record_env(run_dir, node_rank)
     # torchrun must outlive SIGUSR1 (Slurm signals every process of the step): the workers handle it, the agent
     # would die of it. Workers install their own handler over the inherited SIG_IGN.
-    child = subprocess.Popen(cmd, start_new_session=True,
-                             preexec_fn=lambda: signal.signal(signal.SIGUSR1, signal.SIG_IGN))
+    child = subprocess.Popen(cmd, start_new_session=True, preexec_fn=_child_setup,
+                             env={**os.environ, NODE_INDEX_ENV: str(node_rank)})
     stopping = threading.Event()
 
     def workers() -> list:
@@ -97,8 +118,12 @@ def main(argv: list[str] | None = None) -> int:
             except psutil.NoSuchProcess:
                 pass
 
+    heartbeat_s = float(os.environ.get(HEARTBEAT_ENV) or 0)
+    last_word = [time.monotonic()]
+
     def watch_stdin() -> None:
         for line in sys.stdin:
+            last_word[0] = time.monotonic()
             if line.strip() == "preempt":
                 preempt()
             elif line.strip() == "stop":
@@ -116,6 +141,11 @@ def main(argv: list[str] | None = None) -> int:
         except subprocess.TimeoutExpired:
             if pending.is_set():
                 deliver()
+            silent = time.monotonic() - last_word[0]
+            if heartbeat_s and silent > heartbeat_s * HEARTBEAT_MISSES and not stopping.is_set():
+                print(f"llmtrain: node {node_rank}: no word from the launcher for {silent:.0f} s (head node "
+                      "unreachable?); stopping this node's processes", file=sys.stderr, flush=True)
+                stop_tree()
         except KeyboardInterrupt:
             stop_tree()
 

@@ -18,6 +18,7 @@ import re
 
 from llmtrain.launch.failures import rank_statuses
 from llmtrain.launch.follow import LineFollower
+from llmtrain.launch.placement import rank_label, read_places
 
 _FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+)")
 
@@ -60,11 +61,20 @@ class RestartNotices:
         silent = self._silent_rank(local_rank, code, attempt=number - 1)
         if silent is not None:
             local_rank, how = silent, "ended without an error of its own: killed"
-        # Global ranks follow the node order only on one node (c10d rendezvous orders nodes as they join).
-        who = f"rank {local_rank} (local rank {local_rank})" if self.nnodes == 1 else \
-            f"local rank {local_rank} on node {node}"
+        who = rank_label(self._global_rank(int(node), local_rank), int(node), self._host(int(node)), local_rank)
         return (f"llmtrain: {who} failed ({how}); torchrun restarts the workers (restart "
                 f"{number} of {self.max_restarts}), which resume from the newest complete checkpoint")
+
+    def _global_rank(self, node: int, local_rank: int) -> int | None:
+        """The global rank at (node, local rank), as the workers recorded it (c10d rendezvous numbers nodes in the
+        order they join, so it cannot be computed); on one node it is the local rank."""
+        if self.nnodes == 1:
+            return local_rank
+        places = read_places(self.run_dir).values()
+        return next((p["rank"] for p in places if p.get("node") == node and p.get("local_rank") == local_rank), None)
+
+    def _host(self, node: int) -> str | None:
+        return next((p.get("host") for p in read_places(self.run_dir).values() if p.get("node") == node), None)
 
     def _silent_rank(self, named: int, code: int, attempt: int) -> int | None:
         """On one node: a rank of this attempt with no status, when the named one recorded an error."""

@@ -170,12 +170,14 @@ def _run(cfg: DictConfig, backend, console) -> int:
 def _start_and_follow(cfg: DictConfig, backend, console) -> int:
     run_dir = cfg.run.dir
     dims = ParallelDims.from_config(cfg)
+    hosts = backend.host_names()
+    on = f" ({', '.join(hosts)})" if hosts else ""
     console.print(f"llmtrain: run directory {run_dir}; {dims.world_size} ranks "
-                  f"(dp={dims.dp} tp={dims.tp} pp={dims.pp}) on {cfg.cluster.nnodes} node(s), backend "
+                  f"(dp={dims.dp} tp={dims.tp} pp={dims.pp}) on {cfg.cluster.nnodes} node(s){on}, backend "
                   f"{backend.name}", markup=False, highlight=False, soft_wrap=True)
     monitor = Monitor(run_dir, cfg.train.max_steps, console, nnodes=cfg.cluster.nnodes,
                       max_restarts=cfg.launch.max_restarts, rendezvous_timeout_s=cfg.launch.rendezvous_timeout_s,
-                      nproc_per_node=cfg.cluster.nproc_per_node)
+                      nproc_per_node=cfg.cluster.nproc_per_node, combined_log=backend.owns_processes)
     try:
         code = backend.run(monitor)
     except KeyboardInterrupt:

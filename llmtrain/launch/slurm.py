@@ -22,6 +22,7 @@ from omegaconf import ListConfig
 
 from llmtrain.config.errors import ConfigError
 from llmtrain.launch.backend import Backend, NodeCommand, node_python, torchrun_argv, worker_env
+from llmtrain.launch.container import host_python, in_container, setup_outside, srun_options
 from llmtrain.launch.failures import rank_statuses, report_failure
 from llmtrain.launch.node_env import wrap_for_gloo
 from llmtrain.launch.node_setup import setup_statements
@@ -189,11 +190,15 @@ class SlurmBackend(Backend):
         lines += ['head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)', f"port={port}",
                   'echo "llmtrain: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, rendezvous ${head}:${port} '
                   '(restart ${SLURM_RESTART_COUNT:-0})"',
+                  # Every rank's log in one file with [node/rank] prefixes, while srun runs (combined_log.py).
+                  f"{shlex.quote(host_python(self.cfg))} -m llmtrain.launch.combined_log "
+                  f"{shlex.quote(self.run_dir)} & merger=$!",
                   "set +e",
-                  f"srun --nodes={c.nnodes} --ntasks-per-node=1 --kill-on-bad-exit=1 {self._node_command(env)}",
+                  f"{shlex.join(self._srun_argv())} {self._node_command(env)}",
                   "code=$?",
+                  'kill -TERM "$merger"; wait "$merger"',
                   # Finished, or cut short by the time limit: then the job requeues itself (slurm_job_end.py).
-                  f"exec {shlex.quote(node_python(self.cfg))} -m llmtrain.launch.slurm_job_end "
+                  f"exec {shlex.quote(host_python(self.cfg))} -m llmtrain.launch.slurm_job_end "
                   f"{shlex.quote(self.run_dir)} \"$code\" {c.signal_before_end_s} {int(bool(c.requeue))}"]
         return "\n".join(lines) + "\n"
 
@@ -213,20 +218,27 @@ class SlurmBackend(Backend):
         return lines + [f"#SBATCH {extra}" for extra in c.sbatch_extra]
 
     def _setup_lines(self) -> list[str]:
-        """cluster.setup, in the batch shell before srun: the tasks srun starts inherit what it exports."""
-        if not self.cfg.cluster.setup:
+        """cluster.setup, in the batch shell before srun: the tasks srun starts inherit what it exports (with a
+        container, the lines run inside it instead)."""
+        if not setup_outside(self.cfg):
             return []
         return ["set +u  # set-up scripts (module, conda, venv activate) may read unset variables",
-                *setup_statements(self.cfg.cluster.setup), "set -u"]
+                *setup_statements(setup_outside(self.cfg)), "set -u"]
+
+    def _srun_argv(self) -> list[str]:
+        """srun with one task per node, and pyxis's container options when the tasks run in an image."""
+        return ["srun", f"--nodes={self.cfg.cluster.nnodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
+                *srun_options(self.cfg, self.workdir, self.run_dir)]
 
     def _node_command(self, env: dict[str, str]) -> str:
-        """The node agent + torchrun, quoted, but for the two arguments the job's shell expands."""
+        """The node agent + torchrun (in the container, if any), quoted, but for the two arguments the job's shell
+        expands."""
         cfg = self.cfg
         endpoint, rdzv_id = "--rdzv-endpoint=${head}:${port}", "--rdzv-id=llmtrain-${SLURM_JOB_ID}"
         torchrun = torchrun_argv(cfg, self.run_dir, cfg.cluster.nnodes, None, "${head}:${port}",
                                  "llmtrain-${SLURM_JOB_ID}", self.worker_module)
         agent = [node_python(cfg), "-m", "llmtrain.launch.node_agent", self.run_dir, "slurm", "--", *torchrun]
-        agent = wrap_for_gloo(agent, env, node_python(cfg))
+        agent = in_container(cfg, wrap_for_gloo(agent, env, node_python(cfg)), env, self.workdir, self.run_dir)
         return " ".join(f'"{a}"' if a in (endpoint, rdzv_id) else shlex.quote(a) for a in agent)
 
     def gpus_per_node(self) -> int:

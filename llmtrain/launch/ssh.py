@@ -5,6 +5,10 @@ the network/env variables exported explicitly. The ssh connection's stdin ties t
 closing it stops everything on that host. Every value that reaches the remote shell goes through shlex.quote, and
 hostnames are validated when the hostfile is read; cluster.setup lines run before the agent (see node_setup).
 
+A node the head node cannot reach (a network partition never closes a connection) is found from both ends: ssh's
+keepalives (SSH_KEEPALIVE) end the launcher's connection to it within seconds, naming it, and the node agent stops
+that node's processes when the launcher's heartbeat lines stop coming (node_agent.HEARTBEAT_ENV).
+
 The rendezvous port is one per run: cluster.master_port when set; else a free port of the first host when the
 launcher runs there (checked by binding it); else one drawn at random from RANDOM_PORTS, said in the start line,
 since the first host's free ports cannot be checked from here.
@@ -16,26 +20,37 @@ import os
 import random
 import shlex
 import socket
+import threading
 import time
 import uuid
+
+from rich.markup import escape
 
 from llmtrain.config.errors import ConfigError
 from llmtrain.launch import processes
 from llmtrain.launch.backend import Backend, NodeCommand, node_python, torchrun_argv, worker_env
+from llmtrain.launch.container import in_container, setup_outside
 from llmtrain.launch.hostfile import cluster_hosts
-from llmtrain.launch.failures import culprit_node, report_failure, tail
+from llmtrain.launch.failures import SSH_ERROR, agent_failures, culprit_node, finished_ranks, report_failure, tail
+from llmtrain.launch.node_agent import HEARTBEAT_ENV
 from llmtrain.launch.node_env import wrap_for_gloo
 from llmtrain.launch.node_setup import setup_statements
+from llmtrain.launch.placement import node_label
 
 # Below Linux's ephemeral range (32768-60999), where outgoing connections take their ports.
 RANDOM_PORTS = (20000, 32767)
 # After the first node fails, how long the others get to fail on their own: their torchrun summaries tell which
 # node's rank died first (the first node to exit is often one whose ranks only lost a peer).
 SETTLE_S = 15.0
+# ssh gives up on a host that answered none of 3 keepalives 5 s apart: a partitioned node is named in ~15 s.
+SSH_KEEPALIVE = ("-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3")
+HEARTBEAT_S = 5
+# How long a fresh connection gets to tell an unreachable host from a lost agent.
+PROBE_TIMEOUT_S = 5
 
 
 def ssh_base(cluster) -> list[str]:
-    argv = ["ssh", "-o", "BatchMode=yes"]
+    argv = ["ssh", "-o", "BatchMode=yes", *SSH_KEEPALIVE]
     if cluster.ssh_config:
         argv += ["-F", cluster.ssh_config]
     if cluster.ssh_port:
@@ -112,6 +127,11 @@ class SSHBackend(Backend):
         self.procs: list = []
         self.outputs: list[list[str]] = []
         self.failure_order: list[int] = []  # node indices, in the order their agents were seen failing
+        self.stdin_lock = threading.Lock()  # heartbeat thread and main thread both write to the agents
+        self.heartbeat_stop = threading.Event()
+
+    def host_names(self) -> list[str]:
+        return [host.name for host in self.hosts]
 
     def node_commands(self) -> list[NodeCommand]:
         cmds = []
@@ -119,9 +139,10 @@ class SSHBackend(Backend):
         for rank, host in enumerate(self.hosts):
             torchrun = torchrun_argv(self.cfg, self.run_dir, len(self.hosts), rank, f"{head}:{self.port}",
                                      self.rdzv_id, self.worker_module)
-            env, python = worker_env(self.cfg), node_python(self.cfg)
+            env, python = {**worker_env(self.cfg), HEARTBEAT_ENV: str(HEARTBEAT_S)}, node_python(self.cfg)
             argv = wrap_for_gloo([python, "-m", "llmtrain.launch.node_agent", self.run_dir, str(rank), "--",
                                   *torchrun], env, python)
+            argv = in_container(self.cfg, argv, env, self.workdir, self.run_dir)
             cmds.append(NodeCommand(host=host.name, node_rank=rank, argv=argv, env=env))
         return cmds
 
@@ -139,22 +160,44 @@ class SSHBackend(Backend):
         return shlex.join(self.ssh_argv(cmd))
 
     def ssh_argv(self, cmd: NodeCommand) -> list[str]:
-        return ssh_base(self.cfg.cluster) + [cmd.host, remote_command(cmd, self.workdir, self.cfg.cluster.setup)]
+        return ssh_base(self.cfg.cluster) + [cmd.host, remote_command(cmd, self.workdir, setup_outside(self.cfg))]
 
     def run(self, monitor) -> int:
-        monitor.console.print(f"llmtrain: {self.endpoint_line()}; starting {len(self.hosts)} node(s) over ssh",
-                              markup=False, highlight=False, soft_wrap=True)
+        monitor.console.print(f"llmtrain: {self.endpoint_line()}; starting {len(self.hosts)} node(s) over ssh: "
+                              f"{', '.join(self.host_names())}", markup=False, highlight=False, soft_wrap=True)
+        started = time.time()
         for cmd in self.node_commands():
             output: list[str] = []
             log = os.path.join(self.run_dir, "logs", f"node{cmd.node_rank}.log")
             self.procs.append(processes.start(self.ssh_argv(cmd), {}, log, on_line=output.append, stdin_pipe=True))
             self.outputs.append(output)
+        threading.Thread(target=self._heartbeat, daemon=True).start()
         code = self.follow(monitor)
         if code != 0:
             self._settle()
-            self._report(monitor.console, code)
+            if self._finished_anyway(monitor.console, started):
+                code = 0
+            else:
+                self._report(monitor.console, code)
         self.stop()
         return code
+
+    def _heartbeat(self) -> None:
+        while not self.heartbeat_stop.wait(HEARTBEAT_S):
+            self._send("alive")
+
+    def _finished_anyway(self, console, since: float) -> bool:
+        """Every rank of this launch finished, and a node's agent or connection was lost afterwards: a warning."""
+        world = self.cfg.cluster.nnodes * self.cfg.cluster.nproc_per_node
+        if len(finished_ranks(self.run_dir, since)) < world:
+            return False
+        codes = [p.poll() for p in self.procs]
+        for node, code in enumerate(codes):
+            if code not in (None, 0):
+                console.print(f"llmtrain: warning: {node_label(node, self.hosts[node].name)} lost its node agent "
+                              f"or ssh connection (exit code {code}) after every rank finished; the run finished",
+                              markup=False, highlight=False, soft_wrap=True)
+        return True
 
     def _poll(self) -> int | None:
         codes = [p.poll() for p in self.procs]
@@ -176,15 +219,37 @@ class SSHBackend(Backend):
 
     def _report(self, console, code: int) -> None:
         codes = [p.poll() for p in self.procs]
-        node = culprit_node(self.run_dir, ["".join(o) for o in self.outputs], codes, self.failure_order)
-        host = self.hosts[node].name
-        console.print(f"[bold red]llmtrain: node {node} ({host}) failed with exit code {codes[node]}[/]; "
-                      f"stopping the other nodes")
-        for line in tail(os.path.join(self.run_dir, "logs", f"node{node}.log"), 8):
+        outputs = ["".join(o) for o in self.outputs]
+        node = culprit_node(self.run_dir, outputs, codes, self.failure_order)
+        where = node_label(node, self.hosts[node].name)
+        log = os.path.join(self.run_dir, "logs", f"node{node}.log")
+        if codes[node] == SSH_ERROR and not agent_failures(outputs[node]):
+            # The connection or the agent went, not a rank: the ranks' errors are its consequences.
+            console.print(f"[bold red]llmtrain: {where} {self._lost_why(node)}[/]" + escape(
+                f"; stopping the other nodes; its log: {log}"), highlight=False, soft_wrap=True)
+            return
+        console.print(f"[bold red]llmtrain: {where} failed with exit code {codes[node]}[/]; "
+                      f"stopping the other nodes", highlight=False)
+        for line in tail(log, 8):
             console.print(f"  {line}", markup=False, highlight=False)
-        report_failure(console, self.run_dir, "".join(self.outputs[node]), code, node=node)
+        report_failure(console, self.run_dir, outputs[node], code, node=node, host=self.hosts[node].name)
+
+    def _lost_why(self, node: int) -> str:
+        """Why a node's connection ended (ssh exit 255): a fresh connection tells a host that cannot be reached
+        from one that lost its agent (ssh itself often says nothing: LogLevel ERROR hides its keepalive timeout)."""
+        from llmtrain.launch.reachability import check_host
+
+        probe = check_host(self.cfg.cluster, self.hosts[node].name, PROBE_TIMEOUT_S)
+        if probe.error is None:
+            return f"lost its node agent or ssh connection (ssh exit code {SSH_ERROR}; the host still answers ssh)"
+        return (f"is unreachable (its ssh connection ended with exit code {SSH_ERROR}; a new one failed after "
+                f"{probe.seconds:.1f} s: {probe.error})")
 
     def _send(self, line: str | None) -> None:
+        with self.stdin_lock:
+            self._send_locked(line)
+
+    def _send_locked(self, line: str | None) -> None:
         for proc in self.procs:
             if proc.poll() is None and proc.stdin:
                 try:
@@ -202,6 +267,7 @@ class SSHBackend(Backend):
 
     def stop(self) -> None:
         # Closing stdin makes each node agent stop its torchrun tree; then the local ssh clients go.
+        self.heartbeat_stop.set()
         self._send(None)
         for proc in self.procs:
             try:

@@ -27,10 +27,9 @@ def load_profile(name: str):
 
 
 def plan_for(cfg, memory_gib: float | None = None):
-    try:
-        hw = hardware.resolve(cfg.hardware, cfg.precision.compute_dtype, load_profile)
-    except ValueError as e:
-        raise ConfigError("hardware", str(e)) from None
+    hw = hardware.resolve(cfg.hardware, cfg.precision.compute_dtype, load_profile)
+    if hw["peak_tflops"] is None:  # a plan's step time needs a peak (training only goes without MFU)
+        raise ConfigError("hardware", hardware.missing_peak(hw, cfg.precision.compute_dtype))
     memory = memory_gib if memory_gib is not None else hw["memory_gib"]
     return build_plan(cfg, hw["peak_tflops"] * 1e12, memory * 2**30 if memory else None, hw)
 

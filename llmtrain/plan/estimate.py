@@ -8,8 +8,9 @@ layer keeps 17 s*b*h elements (LN inputs 2, q/k/v input 1, q/k/v 3, attention ou
 MLP input 1, fc output 4, GELU output 4), 4 s*b*h of them replicated under tensor parallel (2 under sequence
 parallel), plus the fp32 logits and log-softmax of the loss. The peak adds the pipeline runtime's buffers, one
 backward temporary, under recompute one block's activations rebuilt during its backward, and under TP one
-all-reduce in flight. Step time is an estimate from stated assumptions (matmul efficiency, exposed communication),
-reported as such.
+all-reduce in flight. On a CUDA device under autocast (bf16/fp16) the memory follows cuda_memory.py instead, which
+adds what autocast keeps (fp32 residual stream, cast copies of inputs and weights) and the loss's fp32 tensors.
+Step time is an estimate from stated assumptions (matmul efficiency, exposed communication), reported as such.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 
 from llmtrain.config.validate import MULTI_STAGE_SCHEDULES, padded_vocab_size
 from llmtrain.parallel import layout as pp_lib
+from llmtrain.plan import cuda_memory
 from llmtrain.parallel.layout import ParallelDims
 
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -171,7 +173,7 @@ def loss_bytes(cfg, micro_batch: int) -> float:
     return head_input + 2 * 4 * micro_batch * m.seq_len * padded_vocab_size(m) / cfg.parallel.tp
 
 
-def pipeline_buffer_bytes(cfg, stage: int, n_stages: int, micro: int) -> float:
+def pipeline_buffer_bytes(cfg, stage: int, n_stages: int, micro: int, boundary_size: int | None = None) -> float:
     """torch.distributed.pipelining allocates a receive buffer per micro-batch for each stage's input (all but the
     first stage) and for its output's gradient (all but the last), and the last stage keeps every micro-batch's
     output (the logits) until the step ends; the current one is counted in loss_bytes."""
@@ -179,7 +181,8 @@ def pipeline_buffer_bytes(cfg, stage: int, n_stages: int, micro: int) -> float:
         return 0.0
     m, p = cfg.model, cfg.parallel
     size = BYTES[cfg.precision.compute_dtype]
-    boundary = cfg.train.micro_batch_size * m.seq_len * m.d_model * size / (p.tp if p.sequence_parallel else 1)
+    boundary = (cfg.train.micro_batch_size * m.seq_len * m.d_model * (boundary_size or size)
+                / (p.tp if p.sequence_parallel else 1))
     out = micro * boundary * ((stage > 0) + (stage < n_stages - 1))
     if stage == n_stages - 1:
         out += (micro - 1) * cfg.train.micro_batch_size * m.seq_len * padded_vocab_size(m) / p.tp * size
@@ -226,42 +229,79 @@ def comm_bytes(cfg, dims: ParallelDims, plan_stage: StagePlan, micro: int) -> di
     return out
 
 
+def _cuda_moments(cfg, dims: ParallelDims, held: list[StagePlan], n_stages: int, micro: int, state: float,
+                  grads: float, acts: float, block_transient: float, held_weights: float, cached_only: float) -> dict:
+    """One rank's memory at the four moments cuda_memory.rank_peak describes."""
+    mb = cfg.train.micro_batch_size
+    m, tp = cfg.model, cfg.parallel.tp
+    holds_embedding = any(s.stage in (0, n_stages - 1) for s in held)
+    largest = padded_vocab_size(m) * m.d_model / tp if holds_embedding else 4 * m.d_model * m.d_model / tp
+    if dims.zero >= 2:
+        largest /= dims.dp_shard  # the optimizer updates its shard
+    return cuda_memory.rank_peak(
+        state=state, grads=grads, acts=acts, micro=micro, last=any(s.stage == n_stages - 1 for s in held),
+        pipelined=cfg.parallel.pp > 1, held_weights=held_weights, cached_only=cached_only,
+        loss_output=cuda_memory.fp32_logits_bytes(cfg, mb), logits=cuda_memory.logits_bytes(cfg, mb),
+        loss_backward=cuda_memory.loss_backward_bytes(cfg, mb), block_transient=block_transient,
+        optimizer_temporaries=cuda_memory.optimizer_step_bytes(cfg, largest))
+
+
 def build_plan(cfg, peak_flops: float, memory_bytes: float | None, hw: dict) -> Plan:
     dims = ParallelDims.from_config(cfg)
     t, p = cfg.train, cfg.parallel
     micro = t.global_batch_size // (t.micro_batch_size * dims.dp)
     stages, total, non_embedding = stage_params(cfg)
-    per_layer = activation_bytes_per_layer(cfg, t.micro_batch_size)
-    full_layer = activation_bytes_per_layer(cfg, t.micro_batch_size, "none")
+    cuda = cuda_memory.applies(cfg, hw)
+    layer_bytes = cuda_memory.layer_bytes if cuda else activation_bytes_per_layer
+    per_layer = layer_bytes(cfg, t.micro_batch_size)
+    full_layer = layer_bytes(cfg, t.micro_batch_size, "none")
+    block_per_rank = cuda_memory.block_params_per_rank(cfg, *_block_params(cfg))
     every = cfg.recompute.every
     notes = []
     ranks_stages = {r: pp_lib.stage_ids(r, p.pp, p.virtual_stages, p.pp_schedule) for r in range(p.pp)} \
         if p.pp > 1 else {0: [0]}
+    recomputed, held_copies = {}, {}
     for s in stages:
         owner = next(r for r, ids in ranks_stages.items() if s.stage in ids)
         s.in_flight = in_flight(cfg, owner, micro)
         # recompute.every=N recomputes only the blocks whose global index is a multiple of N.
-        recomputed = sum(1 for layer in s.layers if cfg.recompute.mode != "none" and layer % every == 0)
-        s.activation_bytes = (per_layer * recomputed + full_layer * (len(s.layers) - recomputed)) * s.in_flight
+        recomputed[s.stage] = sum(1 for layer in s.layers if cfg.recompute.mode != "none" and layer % every == 0)
+        s.activation_bytes = (per_layer * recomputed[s.stage] + full_layer * (len(s.layers) - recomputed[s.stage])
+                              ) * s.in_flight
+        if cuda:
+            saved, held_copies[s.stage] = cuda_memory.weight_copies(cfg, dims, s, recomputed[s.stage], block_per_rank)
+            s.activation_bytes += saved
         if s.stage == len(stages) - 1:
-            s.activation_bytes += loss_bytes(cfg, t.micro_batch_size)
+            s.activation_bytes += (cuda_memory.loss_saved_bytes if cuda else loss_bytes)(cfg, t.micro_batch_size)
         s.state_bytes = state_bytes(cfg, dims, s.params_per_rank)
     # A rank's peak, at the start of the last micro-batch's backward: model state, live activations, the
     # pipeline runtime's buffers and one backward temporary. Without accumulation no gradient exists yet then,
     # and backward frees each layer's activations as it makes that layer's gradients: the larger of the two counts.
-    # Backward of a recomputed block holds that block's activations again while it runs.
+    # Backward of a recomputed block holds that block's activations again while it runs (on CUDA with its weights'
+    # copies made again, when only autocast's cache had held them).
     rework = full_layer - per_layer if cfg.recompute.mode != "none" else 0.0
+    if cuda:
+        rework += cuda_memory.cached_only_bytes(cfg, dims, 1, block_per_rank)
     transient = (backward_temporary_bytes(cfg, t.micro_batch_size) + rework
                  + tp_collective_bytes(cfg, t.micro_batch_size))
+    boundary = cuda_memory.boundary_bytes_per_element() if cuda else None
     rank_peaks = {}
     for r, ids in ranks_stages.items():
         held = [stages[i] for i in ids]
         state = sum(s.state_bytes["params"] + s.state_bytes["optimizer"] + s.state_bytes["gathered_params"]
                     for s in held)
         grads = sum(s.state_bytes["grads"] for s in held)
-        acts = sum(s.activation_bytes + pipeline_buffer_bytes(cfg, s.stage, len(stages), micro) for s in held)
-        live = grads + acts if micro > 1 else max(grads, acts)  # a pipeline always has micro > 1
-        rank_peaks[r] = state + live + transient
+        acts = sum(s.activation_bytes + pipeline_buffer_bytes(cfg, s.stage, len(stages), micro, boundary)
+                   for s in held)
+        if cuda:
+            moments = _cuda_moments(cfg, dims, held, len(stages), micro, state, grads, acts, transient,
+                                    sum(held_copies[s.stage] for s in held),
+                                    sum(cuda_memory.cached_only_bytes(cfg, dims, recomputed[s.stage], block_per_rank)
+                                        for s in held))
+            rank_peaks[r] = max(moments.values())
+        else:
+            live = grads + acts if micro > 1 else max(grads, acts)  # a pipeline always has micro > 1
+            rank_peaks[r] = state + live + transient
         for s in held:
             s.peak_bytes = rank_peaks[r]
     heaviest_rank = max(rank_peaks, key=rank_peaks.get)
@@ -288,6 +328,10 @@ def build_plan(cfg, peak_flops: float, memory_bytes: float | None, hw: dict) -> 
     fits = memory_bytes is None or peak <= memory_bytes
     if memory_bytes is None:
         notes.append("device memory unknown: fit not checked")
+    if cuda:
+        notes.append("memory: CUDA autocast model (fp32 residual stream, cast copies of inputs and weights, the "
+                     "loss's fp32 tensors); peak = the largest of forward end, loss backward, blocks' backward and "
+                     "optimizer step")
     notes.append(f"step time assumes matmuls at {hw['efficiency']:.0%} of peak, TP/PP transfers exposed, "
                  "DP overlapped with backward")
     return Plan(params_total=total, params_non_embedding=non_embedding, flops_per_token=fpt, world_size=world,

@@ -1,12 +1,20 @@
-"""Hardware profiles: dense peak FLOPS by dtype, memory and link bandwidths (configs/hardware/), or this CPU
-measured: a peak table that is wrong by 2x gives MFU figures that are wrong by 2x, so the CPU's is measured."""
+"""Hardware profiles: dense peak FLOPS by dtype, memory, link bandwidths and compute capability
+(configs/hardware/), or this CPU measured: a peak table that is wrong by 2x gives MFU figures that are wrong by 2x,
+so the CPU's is measured, and a GPU no profile matches gets no peak (and no MFU) rather than a guessed one."""
 
 from __future__ import annotations
 
 import functools
 import time
 
-KNOWN_GPUS = (("H200", "h200"), ("H100", "h100"), ("A100", "a100"))
+from llmtrain.config.errors import ConfigError
+from llmtrain.plan.gpu_names import profile_for
+
+# Keys of hardware.peak_tflops: the precision.compute_dtype names, plus tf32 and fp8 (e4m3 and e5m2 share a peak).
+PEAK_DTYPES = ("float32", "tfloat32", "bfloat16", "float16", "float8")
+# Dtypes a GPU may lack; a GPU profile without a peak for one does not have it (fp32 and fp16 every GPU runs).
+OPTIONAL_DTYPES = {"bfloat16": "bf16", "float8": "fp8"}
+UNKNOWN_GPU = "gpu"
 
 
 @functools.lru_cache(maxsize=None)
@@ -24,35 +32,89 @@ def measured_cpu_tflops(n: int = 1024, repeats: int = 5) -> float:
     return 2 * n**3 / best / 1e12
 
 
-def detect_name() -> str:
+def device_name(device_type: str | None = None) -> str | None:
+    """The GPU's name as torch reports it, or None when the run uses the CPU (device_type None: a GPU if any)."""
     import torch
 
-    if torch.cuda.is_available():
-        name = torch.cuda.get_device_name()
-        for key, profile in KNOWN_GPUS:
-            if key in name:
-                return profile
-        return "gpu"
-    return "cpu"
+    if device_type == "cpu" or not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_name()
 
 
-def resolve(hw_cfg, compute_dtype: str, load_profile) -> dict:
-    """{name, peak_tflops (for compute_dtype), memory_gib, intra_node_gbs, inter_node_gbs, efficiency}."""
-    name = hw_cfg.name
+def device_capability() -> str | None:
+    """This GPU's CUDA compute capability; None on ROCm, whose torch reports a gfx version in its place."""
+    import torch
+
+    if torch.version.hip:
+        return None
+    major, minor = torch.cuda.get_device_capability()
+    return f"{major}.{minor}"
+
+
+def device_memory_gib() -> float:
+    import torch
+
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / 2**30
+
+
+def parse_capability(text) -> tuple[int, int] | None:
+    """A capability as (major, minor): "9.0" is (9, 0), None stays None; ValueError for anything else."""
+    if text is None:
+        return None
+    major, dot, minor = str(text).partition(".")
+    if not (dot and major.isdigit() and minor.isdigit()):
+        raise ValueError(f"must be 'major.minor' such as \"9.0\", or null (got {text})")
+    return int(major), int(minor)
+
+
+def profile_compute_capability(cfg) -> tuple[int, int] | None:
+    """The compute capability of the configured profile; None for AMD, CPU and hardware=auto (known at run time
+    only: resolve() reports the detected one)."""
+    return parse_capability(cfg.hardware.compute_capability)
+
+
+def check_dtype(peaks: dict, name: str, compute_dtype: str, device: str | None = None) -> None:
+    """ConfigError (key `precision`) when a GPU profile lists peaks but none for an optional compute dtype."""
+    short = OPTIONAL_DTYPES.get(compute_dtype)
+    if short and peaks and compute_dtype not in peaks:
+        found = f" (detected: {device})" if device else ""
+        raise ConfigError("precision", f"hardware={name}{found} has no {short}; use precision=fp16")
+
+
+def missing_peak(hw: dict, compute_dtype: str) -> str:
+    """Why there is no peak, and the override that gives one."""
+    what = f"no hardware profile matches this GPU ({hw['device']})" if hw["name"] == UNKNOWN_GPU else \
+        f"hardware={hw['name']} has no {compute_dtype} peak"
+    return (f"{what}: give its dense peak with +hardware.peak_tflops.{compute_dtype}=<TFLOPS> "
+            "(or choose a hardware= profile)")
+
+
+def resolve(hw_cfg, compute_dtype: str, load_profile, device_type: str | None = None) -> dict:
+    """{name, device, peak_tflops (for compute_dtype; None when unknown), memory_gib, intra_node_gbs,
+    inter_node_gbs, efficiency, compute_capability}. hardware=auto detects the GPU (or the CPU) here; a GPU
+    without the compute dtype raises ConfigError."""
+    name, device, profile = hw_cfg.name, None, hw_cfg
     if name == "auto":
-        name = detect_name()
-        if name in ("h100", "h200", "a100", "cpu"):
-            hw_cfg = load_profile(name)
-    peak = dict(hw_cfg.peak_tflops).get(compute_dtype)
-    memory = hw_cfg.memory_gib
-    if name == "cpu" or peak is None:
-        if name == "gpu":
-            raise ValueError(f"unknown GPU model: give hardware.peak_tflops.{compute_dtype}=<dense TFLOPS>")
-        peak = measured_cpu_tflops()
+        device = device_name(device_type)
+        name = "cpu" if device is None else (profile_for(device) or UNKNOWN_GPU)
+        if name != UNKNOWN_GPU:
+            profile = load_profile(name)
+    if name not in ("cpu", UNKNOWN_GPU):
+        check_dtype(dict(profile.peak_tflops), name, compute_dtype, device)
+    # Peaks and memory given on the command line win over the detected profile's.
+    peak = {**profile.peak_tflops, **hw_cfg.peak_tflops}.get(compute_dtype)
+    memory = hw_cfg.memory_gib if hw_cfg.memory_gib is not None else profile.memory_gib
+    capability = profile.compute_capability
+    if name == "cpu":
+        peak = peak or measured_cpu_tflops()
         if memory is None:
             import psutil
 
             memory = psutil.virtual_memory().total / 2**30
-    return {"name": name, "peak_tflops": float(peak), "memory_gib": memory,
-            "intra_node_gbs": float(hw_cfg.intra_node_gbs), "inter_node_gbs": float(hw_cfg.inter_node_gbs),
-            "efficiency": float(getattr(hw_cfg, "efficiency", 0.5))}
+    elif name == UNKNOWN_GPU:
+        memory = memory if memory is not None else device_memory_gib()
+        capability = device_capability()
+    return {"name": name, "device": device, "peak_tflops": None if peak is None else float(peak),
+            "memory_gib": memory, "intra_node_gbs": float(profile.intra_node_gbs),
+            "inter_node_gbs": float(profile.inter_node_gbs), "efficiency": float(getattr(hw_cfg, "efficiency", 0.5)),
+            "compute_capability": capability}

@@ -1,9 +1,9 @@
-"""Optional NVIDIA apex: FusedAdam + FusedLayerNorm (optim.fused=apex) and amp O1/O2 (precision=apex-o1|o2).
+"""Optional NVIDIA apex for optim.fused=apex: FusedAdam (extension amp_C) and FusedLayerNorm (fused_layer_norm_cuda).
 
-apex is not on PyPI and is only imported here, when asked for; validation has already turned a missing apex into
-a one-line error saying how to install it. apex amp predates DTensor and FSDP2, so its modes run on layouts
-without sharding (dp == 1, tp == 1, pp == 1); the PyTorch-native precision=bf16|fp16 paths work everywhere and are
-the recommended ones.
+apex is not on PyPI and is only imported here, when asked for; validation has already turned a missing apex (or
+one built without those two extensions) into a one-line error saying how to build it, and a layout whose
+parameters are DTensors (apex's kernels take plain tensors) into another. Current apex has no `amp`: its O1 recipe
+is precision=fp16 (autocast + dynamic loss scaling), and bf16 needs no scaling at all.
 """
 
 from __future__ import annotations
@@ -11,11 +11,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from llmtrain.config.errors import ConfigError
-
 
 def fused_layernorm(model: nn.Module) -> None:
-    """Swap every nn.LayerNorm for apex's FusedLayerNorm, keeping the parameters."""
+    """Swap every nn.LayerNorm for apex's FusedLayerNorm, keeping the parameters (and so their names)."""
     from apex.normalization import FusedLayerNorm
 
     for parent in list(model.modules()):
@@ -30,14 +28,25 @@ def fused_layernorm(model: nn.Module) -> None:
 def fused_adam(groups: list[dict], train_cfg) -> torch.optim.Optimizer:
     from apex.optimizers import FusedAdam
 
-    return FusedAdam(groups, lr=train_cfg.lr, betas=(train_cfg.beta1, train_cfg.beta2), eps=train_cfg.eps,
-                     adam_w_mode=True)
+    class FusedAdamW(FusedAdam):
+        """apex's FusedAdam in AdamW mode. apex counts steps per param group; the count is also kept in every
+        parameter's state as torch's AdamW keeps it (a CPU float32 scalar), so checkpoints save and restore it
+        by parameter name and a run resumes exactly, with this kernel or torch's."""
 
+        def step(self, closure=None):
+            for group in self.param_groups:
+                if "step" not in group:  # first step, or right after a checkpoint filled the state
+                    saved = [self.state[p]["step"] for p in group["params"] if "step" in self.state.get(p, {})]
+                    if saved:
+                        group["step"] = int(saved[0])
+            loss = super().step(closure)
+            for group in self.param_groups:
+                if "step" in group:
+                    count = torch.tensor(float(group["step"]))
+                    for p in group["params"]:
+                        if p in self.state:
+                            self.state[p]["step"] = count
+            return loss
 
-def amp_initialize(model: nn.Module, optimizer: torch.optim.Optimizer, precision: str, world_size: int):
-    if world_size != 1:
-        raise ConfigError("precision", f"{precision}: apex amp predates DTensor/FSDP2 and runs on one process only; "
-                                       "use precision=fp16 (same dynamic loss scaling, every layout)")
-    from apex import amp
-
-    return amp.initialize(model, optimizer, opt_level="O1" if precision == "apex-o1" else "O2")
+    return FusedAdamW(groups, lr=train_cfg.lr, betas=(train_cfg.beta1, train_cfg.beta2), eps=train_cfg.eps,
+                      adam_w_mode=True)

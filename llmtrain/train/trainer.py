@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import time
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ from llmtrain.train.loss_scale import DynamicLossScaler
 from llmtrain.train.memory import PeakMemory, SavedActivations
 from llmtrain.train.metrics import MetricsWriter
 from llmtrain.train.preemption import Preempted, PreemptionFlag
-from llmtrain.train.optim import build_optimizer, lr_at, set_lr
+from llmtrain.train.optim import build_optimizer, lr_at, resolve_fused, set_lr
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -36,19 +35,30 @@ def resolve_device(name: str, local_rank: int) -> torch.device:
         if not torch.cuda.is_available():
             raise RuntimeError("device=cuda but torch.cuda.is_available() is False on this node")
         torch.cuda.set_device(local_rank)
+        # fp32 matmuls and convolutions on TF32 tensor cores (precision=fp32). These flags touch CUDA only, while
+        # torch.set_float32_matmul_precision would also change CPU (oneDNN) matmuls.
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
         return torch.device("cuda", local_rank)
     return torch.device("cpu")
 
 
-def model_flops(cfg) -> tuple[float, float]:
-    """(training FLOPs per token of this model, the device's dense peak FLOPS at the compute dtype)."""
+def model_flops(cfg, device_type: str | None = None, log=None) -> tuple[float, float | None]:
+    """(training FLOPs per token of this model, the device's dense peak FLOPS at the compute dtype, or None when
+    no profile knows the device: MFU is then not reported, and `log` says once how to give the peak).
+    ConfigError when the GPU lacks the compute dtype (bf16 on a V100 or T4)."""
     from llmtrain.plan.cli import load_profile
     from llmtrain.plan.estimate import flops_per_token, stage_params
-    from llmtrain.plan.hardware import resolve
+    from llmtrain.plan.hardware import missing_peak, resolve
 
     _, _, non_embedding = stage_params(cfg)
-    peak = resolve(cfg.hardware, cfg.precision.compute_dtype, load_profile)["peak_tflops"] * 1e12
-    return flops_per_token(cfg, non_embedding), peak
+    dtype = cfg.precision.compute_dtype
+    hw = resolve(cfg.hardware, dtype, load_profile, device_type)
+    if hw["peak_tflops"] is None:
+        if log is not None:
+            log(f"llmtrain: warning: MFU is not reported: {missing_peak(hw, dtype)}", flush=True)
+        return flops_per_token(cfg, non_embedding), None
+    return flops_per_token(cfg, non_embedding), hw["peak_tflops"] * 1e12
 
 
 class StepProfiler:
@@ -84,8 +94,9 @@ def plain(t: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class StepResult:
-    loss: float
-    grad_norm: float
+    # Tensors on the device, read (a host sync) only when a step is logged.
+    loss: torch.Tensor | float
+    grad_norm: torch.Tensor | float
     skipped: bool
 
 
@@ -95,6 +106,9 @@ class Trainer:
         self.run_dir = run_dir
         self.device = device
         self.rank = dist.get_rank()
+        # First, before anything is built: a compute dtype this GPU lacks is a one-line ConfigError; an unknown
+        # GPU only loses MFU (rank 0 says so once).
+        self.flops_per_token, self.peak_flops = model_flops(cfg, device.type, print if self.rank == 0 else None)
         self.peak_memory = PeakMemory(device, cfg.profile.memory)
         self.dims = ParallelDims.from_config(cfg)
         self.mesh = build_mesh(self.dims, device.type)
@@ -105,24 +119,14 @@ class Trainer:
 
         self.model: ParallelModel = build_parallel_model(cfg, self.dims, self.mesh, device)
         self.params = self.model.parameters()
-        self.optimizer = build_optimizer(self.model.parts, cfg.train, cfg.optim.fused)
+        self.fused = resolve_fused(cfg.optim.fused, device.type)
+        self.optimizer = build_optimizer(self.model.parts, cfg.train, self.fused)
         p = cfg.precision
-        self.apex_amp = None
-        if p.name.startswith("apex-"):
-            from llmtrain.train.apex_support import amp_initialize
-
-            model, self.optimizer = amp_initialize(self.model.parts[0], self.optimizer, p.name,
-                                                   dist.get_world_size())
-            self.model.parts[0] = model
-            import apex.amp
-
-            self.apex_amp = apex.amp  # apex scales the loss itself
         self.scaler = DynamicLossScaler(p.init_scale, p.growth_factor, p.backoff_factor, p.growth_interval,
                                         enabled=p.name == "fp16")
         self.dataset = build_dataset(cfg.data, cfg.model, cfg.train.seed)
         self.stream = SampleStream(self.dataset, cfg.train.seed)
         self.accum = cfg.train.global_batch_size // (cfg.train.micro_batch_size * self.dims.dp)
-        self.flops_per_token, self.peak_flops = model_flops(cfg)
         self.profiler = StepProfiler(cfg.profile.steps, os.path.join(run_dir, "profile"), self.rank, device)
         self.step = 0
         self.samples_seen = 0
@@ -165,7 +169,7 @@ class Trainer:
 
     # ---- one optimizer step ------------------------------------------------------------------------------------
     def autocast(self):
-        if self.compute_dtype == torch.float32 or self.cfg.precision.name.startswith("apex-"):
+        if self.compute_dtype == torch.float32:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.compute_dtype)
 
@@ -178,6 +182,9 @@ class Trainer:
         offset = self.samples_seen if split == "train" else None
         x, y = self.stream.batch(split, step, micro_step, self.dp_rank, self.dims.dp, t.micro_batch_size,
                                  t.global_batch_size, sample_offset=offset)
+        if self.device.type == "cuda":
+            # A copy from pageable memory waits for the GPU; from pinned memory it queues behind the running step.
+            x, y = x.pin_memory(), y.pin_memory()
         return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
 
     def forward_backward(self) -> torch.Tensor:
@@ -195,11 +202,7 @@ class Trainer:
                 with self.autocast():
                     logits = model(x)
                 loss = self.loss_fn(logits, y)
-                if self.apex_amp is not None:
-                    with self.apex_amp.scale_loss(loss / self.accum, self.optimizer) as scaled:
-                        scaled.backward()
-                else:
-                    self.scaler.scale_loss(loss / self.accum).backward()
+                self.scaler.scale_loss(loss / self.accum).backward()
             total += plain(loss.detach())
         return total / self.accum
 
@@ -234,12 +237,15 @@ class Trainer:
         overflow_here = self.scaler.unscale_and_check(self.params, self.device)
         grad_norm = clip_grad_norm_(self.params, self.cfg.train.grad_clip, self.pp_group,
                                     norm_params=self.model.norm_parameters())
-        grad_norm_value = float(grad_norm)
         # One MAX all-reduce makes every rank take the same decision, even when only one rank saw inf/NaN (a
-        # replicated gradient's norm is computed locally, so ranks could otherwise disagree and deadlock).
-        flags = torch.tensor([float(overflow_here), float(not math.isfinite(grad_norm_value))])
+        # replicated gradient's norm is computed locally, so ranks could otherwise disagree and deadlock). The
+        # flags stay on the device: reading them is the step's one wait for the GPU.
+        flags = torch.zeros(2, device=grad_norm.device)
+        flags[0] = float(overflow_here)
+        flags[1] = (~torch.isfinite(grad_norm)).float()
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        overflow, bad = bool(flags[0]), bool(flags.max())
+        overflow_flag, nonfinite_flag = flags.tolist()
+        overflow, bad = overflow_flag > 0, max(overflow_flag, nonfinite_flag) > 0
         if bad:
             self._report_nonfinite(overflow)
         if not bad:
@@ -249,8 +255,9 @@ class Trainer:
             self.state_bytes = self.local_state_bytes()
             self.state_bytes["activations"] = self.saved_activations.total
         self.scaler.update(overflow)
-        self.optimizer.zero_grad(set_to_none=True)
-        return StepResult(loss=self.global_mean_loss(local_loss), grad_norm=grad_norm_value, skipped=bad)
+        # Gradients are freed (torch's default set_to_none=True); apex's FusedAdam.zero_grad takes no argument.
+        self.optimizer.zero_grad()
+        return StepResult(loss=self.global_mean_loss(local_loss), grad_norm=grad_norm, skipped=bad)
 
     def _inject_nonfinite_for_tests(self) -> None:
         """Testing hook: LLMTRAIN_INJECT_NONFINITE="STEP:RANK[,STEP:RANK]" puts an inf into one gradient of that
@@ -282,14 +289,14 @@ class Trainer:
         self.log(f"llmtrain: step {self.step + 1}: {what} on rank(s) {ranks or '?'}; update skipped on every "
                  f"rank{scale}", flush=True)
 
-    def global_mean_loss(self, local_loss: torch.Tensor) -> float:
+    def global_mean_loss(self, local_loss: torch.Tensor) -> torch.Tensor:
         """Loss averaged over dp; under pp only the last stage has it, so sum over the pp group first."""
         loss = local_loss.detach().float().clone()
         if self.dims.pp > 1:
             dist.all_reduce(loss, group=self.pp_group)
         if self.dims.dp > 1:
             dist.all_reduce(loss, op=dist.ReduceOp.AVG, group=self.dp_group)
-        return float(loss)
+        return loss
 
     def local_state_bytes(self) -> dict[str, int]:
         """Bytes of parameters, gradients and optimizer state held by this rank (shards only), measured after
@@ -323,7 +330,7 @@ class Trainer:
             for x, y in batches:
                 with self.model.loss_context(), self.autocast():
                     total += plain(self.loss_fn(self.model.parts[0](x), y)).float() / self.accum
-        return self.global_mean_loss(total / max(1, self.cfg.train.eval_steps))
+        return float(self.global_mean_loss(total / max(1, self.cfg.train.eval_steps)))
 
     # ---- the loop ------------------------------------------------------------------------------------------------
     def memory_gib(self) -> float:
@@ -338,8 +345,10 @@ class Trainer:
     def train(self) -> None:
         t, m = self.cfg.train, self.cfg.model
         tokens_per_step = t.global_batch_size * m.seq_len
+        fused = self.cfg.optim.fused
+        kernel = f"optim.fused={fused}" + (f" -> {self.fused} on {self.device.type}" if fused != self.fused else "")
         self.log(f"llmtrain: {self.model.describe()}; layout dp={self.dims.dp} tp={self.dims.tp} "
-                 f"pp={self.dims.pp} zero={self.dims.zero}; {t.max_steps} steps of {t.global_batch_size} x "
+                 f"pp={self.dims.pp} zero={self.dims.zero}; {kernel}; {t.max_steps} steps of {t.global_batch_size} x "
                  f"{m.seq_len} tokens ({self.accum} micro-batches of {t.micro_batch_size} per dp rank)", flush=True)
         padded = self.model.parts[0].args.vocab_size if hasattr(self.model.parts[0], "args") else m.vocab_size
         if padded != m.vocab_size:
@@ -376,18 +385,20 @@ class Trainer:
                 now = time.perf_counter()
                 tokens_per_s = window_tokens / max(now - window_start, 1e-9)
                 window_start, window_tokens = now, 0
-                row = {"step": self.step, "loss": result.loss, "lr": lr_at(self.step - 1, t),
-                       "grad_norm": result.grad_norm, "tokens_per_s": tokens_per_s, "step_time_s": step_time,
+                row = {"step": self.step, "loss": float(result.loss), "lr": lr_at(self.step - 1, t),
+                       "grad_norm": float(result.grad_norm), "tokens_per_s": tokens_per_s, "step_time_s": step_time,
                        "tokens": self.tokens_seen, "elapsed_s": self.elapsed_s(), "mem_gib": self.memory_gib()}
                 # Model FLOPs (no recompute) per device per second, and that over the device's dense peak.
                 row["tflops"] = self.flops_per_token * tokens_per_s / dist.get_world_size() / 1e12
-                row["mfu"] = row["tflops"] * 1e12 / self.peak_flops
+                if self.peak_flops is not None:  # no peak for this device: the row has no mfu
+                    row["mfu"] = row["tflops"] * 1e12 / self.peak_flops
                 if self.scaler.enabled:
                     row.update(loss_scale=self.scaler.scale, skipped_steps=self.scaler.skipped_steps)
                 self.metrics.write(row)
-                self.log(f"step {self.step:>6}/{t.max_steps} | loss {result.loss:.4f} | lr {row['lr']:.2e} | "
-                         f"grad_norm {result.grad_norm:.3f} | {tokens_per_s:,.0f} tok/s | "
-                         f"{step_time * 1000:.0f} ms/step | MFU {row['mfu']:.1%}", flush=True)
+                mfu = f"{row['mfu']:.1%}" if "mfu" in row else "-"
+                self.log(f"step {self.step:>6}/{t.max_steps} | loss {row['loss']:.4f} | lr {row['lr']:.2e} | "
+                         f"grad_norm {row['grad_norm']:.3f} | {tokens_per_s:,.0f} tok/s | "
+                         f"{step_time * 1000:.0f} ms/step | MFU {mfu}", flush=True)
             if t.eval_interval and t.eval_steps and (self.step % t.eval_interval == 0 or self.step == t.max_steps):
                 val_loss = self.evaluate()
                 self.metrics.write({"step": self.step, "val_loss": val_loss})

@@ -1,0 +1,67 @@
+"""`llmtrain doctor`'s first step: can every node be used at all? Checked before any job starts, so a dead host
+is named in seconds instead of surfacing as a rendezvous that never completes.
+
+cluster=ssh: every host of the hostfile (after cluster.include / cluster.exclude) answers over ssh.
+cluster=slurm: the partition has at least cluster.nnodes nodes that are not down, drained or not responding.
+cluster=local: nothing to check (this node is the one running).
+"""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig
+from rich.console import Console
+
+from llmtrain.launch.hostfile import parse_hostfile, select_hosts
+from llmtrain.launch.reachability import check_hosts
+from llmtrain.launch.slurm_nodes import parse_sinfo, run_sinfo
+
+
+def _say(console: Console, text: str) -> None:
+    console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+
+def nodes_ready(cfg: DictConfig, console: Console) -> bool:
+    if cfg.cluster.name == "ssh":
+        return ssh_hosts_ready(cfg, console)
+    if cfg.cluster.name == "slurm":
+        return slurm_nodes_ready(cfg, console)
+    return True
+
+
+def ssh_hosts_ready(cfg: DictConfig, console: Console) -> bool:
+    c = cfg.cluster
+    hosts = [h.name for h in select_hosts(parse_hostfile(c.hostfile), c.include, c.exclude)]
+    checks = check_hosts(c, hosts, cfg.doctor.connect_timeout_s)
+    down = [check for check in checks if check.error]
+    if not down:
+        slowest = max(check.seconds for check in checks)
+        _say(console, f"llmtrain doctor: {len(hosts)} host(s) answered over ssh ({', '.join(hosts)}; slowest "
+                      f"{slowest:.1f} s)")
+        return True
+    for check in down:
+        _say(console, check.line())
+    names = ",".join(check.host for check in down)
+    _say(console, f"llmtrain doctor: {len(down)} of {len(hosts)} host(s) of {c.hostfile} cannot be reached over ssh; "
+                  f"nothing was started (cluster.exclude={names} leaves them out)")
+    return False
+
+
+def slurm_nodes_ready(cfg: DictConfig, console: Console) -> bool:
+    c = cfg.cluster
+    text, error = run_sinfo(c.partition)
+    if text is None:
+        _say(console, f"llmtrain doctor: {error}; node states not checked")
+        return True
+    partition, nodes = parse_sinfo(text, c.partition)
+    where = f"partition {partition}" if partition else "the cluster"
+    for node in nodes:
+        if not node.usable:
+            _say(console, node.line())
+    usable = [node.name for node in nodes if node.usable]
+    counted = f"{where}: {len(usable)} of {len(nodes)} node(s) usable"
+    if len(usable) < c.nnodes:
+        _say(console, f"llmtrain doctor: {counted}, fewer than cluster.nnodes={c.nnodes}: the job could not "
+                      "start; nothing was submitted")
+        return False
+    _say(console, f"llmtrain doctor: {counted} ({', '.join(usable)}); cluster.nnodes={c.nnodes}")
+    return True

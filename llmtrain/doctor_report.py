@@ -1,0 +1,144 @@
+"""What `llmtrain doctor` makes of the ranks' report: the problems it finds, and the tables and lines it prints
+(versions per rank, interface and address per node, all-reduce bus bandwidth intra-node / inter-node / all)."""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig
+from rich.console import Console
+
+from llmtrain.console import fold_table
+
+
+def per_node(report: dict) -> list[dict]:
+    """The first rank of each node, in node order: what it says holds for its node."""
+    first: dict[int, dict] = {}
+    for r in report["ranks"]:
+        first.setdefault(r["node"], r)
+    return [first[n] for n in sorted(first)]
+
+
+def problems(report: dict, cfg: DictConfig) -> list[str]:
+    out = []
+    ranks = report["ranks"]
+    expected = cfg.cluster.nnodes * cfg.cluster.nproc_per_node
+    if len(ranks) != expected:
+        out.append(f"{len(ranks)} ranks answered, {expected} expected")
+    for key in ("python", "torch", "cuda", "nccl"):
+        values = {r[key] for r in ranks}
+        if len(values) > 1:
+            where = ", ".join(f"{r['host']}={r[key]}" for r in ranks)
+            out.append(f"{key} versions differ across ranks: {where}")
+    want_cuda = cfg.device == "cuda" or (cfg.device == "auto" and any(r["cuda_available"] for r in ranks))
+    missing = sorted({r["host"] for r in ranks if want_cuda and not r["cuda_available"]})
+    if missing:
+        out.append(f"no CUDA device visible on {', '.join(missing)}")
+    nodes = per_node(report)
+    nccl_keys = {k for r in nodes for k in r["env"] if k.startswith("NCCL_")}
+    for key in sorted(nccl_keys):
+        values = {r["env"].get(key) for r in nodes}
+        if len(values) > 1:
+            out.append(f"{key} differs across nodes: {values}")
+    for r in nodes:
+        out += interface_problems(r, len(nodes))
+    return out
+
+
+def interface_problems(r: dict, nnodes: int) -> list[str]:
+    out = []
+    for i in r["interfaces"]:
+        where = f"node {r['node']} ({r['host']}), {i['backend']}"
+        if i["interface"] is None or i["address"] is None:
+            out.append(f"{where}: {i['via']} gives no interface that is up with an IPv4 address")
+        elif nnodes > 1 and i["address"].startswith("127."):
+            out.append(f"{where}: {i['via']} is {i['interface']} ({i['address']}), a loopback address the other "
+                       f"nodes cannot reach; set +env.{i['variable']}=NAME")
+    return out
+
+
+def human_bytes(n: int) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:g} {unit}"
+    return f"{n} B"
+
+
+def render(report: dict, console: Console) -> None:
+    say = lambda text: console.print(text, markup=False, highlight=False, soft_wrap=True)  # noqa: E731
+    ranks = fold_table("ranks")
+    for col in ("rank", "node", "host", "python", "torch", "cuda", "nccl", "device", "gpu"):
+        ranks.add_column(col)
+    for i, r in enumerate(report["ranks"]):
+        ranks.add_row(str(i), str(r["node"]), r["host"], r["python"], r["torch"], str(r["cuda"]), str(r["nccl"]),
+                      r["device"], str(r["gpu"] or "-"))
+    console.print(ranks)
+    console.print(network_table(report))
+    for r in per_node(report):
+        env = " ".join(f"{k}={v}" for k, v in r["env"].items()) or "(none set)"
+        say(f"network environment on {r['host']}: {env}")
+    if measured(report):  # a single rank has no all-reduce to time
+        console.print(bandwidth_table(report))
+    say("all_reduce bus bandwidth, best over the sweep (sum, fp32; busbw = algbw x 2(n-1)/n):")
+    for line in bandwidth_lines(report):
+        say(f"  {line}")
+
+
+def network_table(report: dict):
+    table = fold_table("network: the interface and address each node's collectives use")
+    for col in ("node", "host", "backend", "interface", "address", "chosen by"):
+        table.add_column(col)
+    for r in per_node(report):
+        for i in r["interfaces"]:
+            table.add_row(str(r["node"]), r["host"], i["backend"], i["interface"] or "?", i["address"] or "?",
+                          i["via"])
+    return table
+
+
+def measured(report: dict) -> list[dict]:
+    return [s for s in report["sweeps"] if s.get("results")]
+
+
+def slowest(sweep: dict, index: int) -> dict:
+    """The row of size `index` of the group that did worst at it (intra-node: the slowest node)."""
+    return min((res["rows"][index] for res in sweep["results"]), key=lambda row: row["busbw_gbs"])
+
+
+def bandwidth_table(report: dict):
+    sweeps = measured(report)
+    table = fold_table("all_reduce bus bandwidth (GB/s) per message size; intra-node: the slowest node")
+    table.add_column("bytes", justify="right")
+    for sweep in sweeps:
+        table.add_column(sweep["scope"], justify="right")
+    for index, size in enumerate(report["sizes"]):
+        cells = [f"{slowest(s, index)['busbw_gbs']:.3f}" for s in sweeps]
+        table.add_row(f"{size:,}", *cells)
+    return table
+
+
+def describe(sweep: dict) -> str:
+    groups = [res["ranks"] for res in sweep["results"]]
+    if sweep["scope"] == "intra-node":
+        return f"{len(groups[0])} ranks on " + (f"each of {len(groups)} nodes" if len(groups) > 1 else "one node")
+    if sweep["scope"] == "inter-node":
+        return f"1 rank on each of {len(groups[0])} nodes"
+    return f"{len(groups[0])} ranks"
+
+
+def bandwidth_lines(report: dict) -> list[str]:
+    """One line per scope: its best bus bandwidth and the message size it came at, or why it was not measured."""
+    hosts = {r["node"]: r["host"] for r in per_node(report)}
+    lines = []
+    for sweep in report["sweeps"]:
+        scope = sweep["scope"]
+        if "skipped" in sweep:
+            lines.append(f"{scope}: not measured ({sweep['skipped']})")
+            continue
+        if "same_as" in sweep:
+            lines.append(f"{scope}: the same ranks as {sweep['same_as']}")
+            continue
+        # Each group's best size; of the groups (nodes), the one whose best is lowest.
+        bests = [(max(res["rows"], key=lambda row: row["busbw_gbs"]), res["node"]) for res in sweep["results"]]
+        row, node = min(bests, key=lambda b: b[0]["busbw_gbs"])
+        where = f"; slowest node {hosts.get(node, node)}" if len(bests) > 1 else ""
+        lines.append(f"{scope}: {row['busbw_gbs']:.3f} GB/s at {human_bytes(row['bytes'])} "
+                     f"({describe(sweep)}{where})")
+    return lines

@@ -1,0 +1,81 @@
+"""Where each rank runs, named one way by every backend: `rank 3 (node 1, host node2, local rank 1)`.
+
+The node index is the launcher's: the hostfile's order for ssh, SLURM_NODEID for Slurm, cluster.node_rank locally.
+The node agent hands it to torchrun's workers (NODE_INDEX_ENV); each worker records its place in
+RUN_DIR/logs/rank{R}.place when it starts, so a rank that is later killed without a word can still be placed.
+torchrun's own group rank is not used: its c10d rendezvous numbers nodes in the order they join.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+NODE_INDEX_ENV = "LLMTRAIN_NODE_INDEX"
+
+
+def rank_label(rank: int | None, node: int | None = None, host: str | None = None,
+               local_rank: int | None = None) -> str:
+    """`rank 3 (node 1, host node2, local rank 1)`, leaving out what is unknown."""
+    parts = [f"node {node}" if node is not None else None, f"host {host}" if host else None,
+             f"local rank {local_rank}" if local_rank is not None else None]
+    where = ", ".join(p for p in parts if p)
+    who = f"rank {rank}" if rank is not None else "a rank"
+    return f"{who} ({where})" if where else who
+
+
+def node_label(node: int, host: str | None = None) -> str:
+    """`node 1 (host node2)`."""
+    return f"node {node} (host {host})" if host else f"node {node}"
+
+
+def place_path(run_dir: str, rank: int) -> str:
+    return os.path.join(run_dir, "logs", f"rank{rank}.place")
+
+
+def record_place(run_dir: str, rank: int) -> dict:
+    """Called by each worker as it starts (before anything can fail): its node, host, local rank and restart."""
+    place = {"rank": rank, "node": _int(os.environ.get(NODE_INDEX_ENV)), "host": socket.gethostname(),
+             "local_rank": _int(os.environ.get("LOCAL_RANK")),
+             "restart": _int(os.environ.get("TORCHELASTIC_RESTART_COUNT")) or 0}
+    path = place_path(run_dir, rank)
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(place, f)
+    os.replace(tmp, path)
+    return place
+
+
+def read_places(run_dir: str) -> dict[int, dict]:
+    """rank -> its recorded place, for every rank that recorded one."""
+    logs = os.path.join(run_dir, "logs")
+    try:
+        names = os.listdir(logs)
+    except FileNotFoundError:
+        return {}
+    out = {}
+    for name in names:
+        if name.startswith("rank") and name.endswith(".place"):
+            try:
+                with open(os.path.join(logs, name)) as f:
+                    out[int(name[4:-6])] = json.load(f)
+            except (OSError, ValueError):
+                continue
+    return out
+
+
+def describe_rank(run_dir: str, rank: int, host: str | None = None, local_rank: int | None = None,
+                  node: int | None = None) -> str:
+    """rank_label with what the rank recorded, completed by what the caller knows (torchrun's summary gives the
+    host and local rank; the ssh launcher knows the node)."""
+    place = read_places(run_dir).get(rank, {})
+
+    def known(key: str, fallback):
+        return fallback if place.get(key) is None else place[key]
+
+    return rank_label(rank, known("node", node), known("host", host), known("local_rank", local_rank))
+
+
+def _int(value: str | None) -> int | None:
+    return int(value) if value is not None and value.lstrip("-").isdigit() else None

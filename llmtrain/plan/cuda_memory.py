@@ -1,0 +1,144 @@
+"""Per-rank memory of a CUDA run under autocast (precision bf16 or fp16): what differs from the CPU model.
+
+Under torch.autocast only the matmuls (and fused attention) run in the compute dtype, on cast copies of their
+inputs; embeddings, LayerNorm and the residual adds stay fp32, so the residual stream is fp32. What one
+transformer block keeps for backward, per s*b*h (s*b*h*c bytes, c = 2), with r = attention width / d_model:
+
+- eager: both LayerNorm inputs (fp32, 2 x 4 bytes); LN1's output cast to the compute dtype once per q/k/v
+  projection (autocast caches casts of weights only: three copies) and LN2's output cast once (4 c); q, k, v and
+  the attention output (4 r c: flash attention returns its output in the layout the projection reads, so the
+  projection saves a view of it); the fc output and the GELU output (8 c);
+- train.compile: inductor casts LN1's output once, and keeps the attention projection's output (c) instead of the
+  fp32 residual sum that LN2 reads (it adds the sum again in backward): 4 + 4 c + (4 r + 8) c;
+- recompute full: the block's fp32 input; selective: as none (the attention output stays alive as the
+  projection's input, so only the softmax statistics are dropped).
+
+Each matmul also saves the compute-dtype copy of its weight that autocast made: a copy of the stage's weights is
+alive from forward through backward. Without a pipeline, autocast is left when the forward ends, so under full
+recompute only autograd holds copies (of the blocks not recomputed and of the head); a pipeline schedule runs
+inside one autocast context, whose cache keeps every copy for the whole step. Under FSDP the parameters are
+gathered in the compute dtype (the gathered term of the state); zero 0 keeps them from forward to backward.
+
+The loss reads the logits (compute dtype, still referenced until the next micro-batch's forward returns) through
+an fp32 copy: log_softmax keeps its fp32 output, and backward starts with two more fp32 tensors of the logits'
+size (nll_loss's gradient and log_softmax's). The peak is the largest of four moments of the last micro-batch:
+the end of its forward, the start of its backward (the loss), during the blocks' backward, and the optimizer step
+(fp32 gradients, AdamW moments and the update's temporaries). The caching allocator rounds each block to 512
+bytes, which is negligible at these sizes and not modelled.
+"""
+
+from __future__ import annotations
+
+from llmtrain.config.validate import padded_vocab_size
+
+FP32 = 4
+SIZES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def applies(cfg, hw: dict) -> bool:
+    """This model is for a CUDA device under autocast: device=cuda, or device=auto with a GPU hardware profile."""
+    autocast = cfg.precision.compute_dtype != "float32" and not cfg.precision.name.startswith("apex-")
+    cuda = cfg.device == "cuda" or (cfg.device == "auto" and hw["name"] != "cpu")
+    return autocast and cuda
+
+
+def _compute_size(cfg) -> int:
+    return SIZES[cfg.precision.compute_dtype]
+
+
+def attention_ratio(cfg) -> float:
+    m = cfg.model
+    return m.n_heads * (m.head_dim or m.d_model // m.n_heads) / m.d_model
+
+
+def layer_bytes(cfg, micro_batch: int, mode: str | None = None) -> float:
+    """Bytes autograd saves for one block under recompute `mode` (default: the configured one), weights excluded."""
+    m, p = cfg.model, cfg.parallel
+    sbh = m.seq_len * micro_batch * m.d_model
+    c, t = _compute_size(cfg), p.tp
+    sp = t if p.sequence_parallel else 1  # sequence parallel shards what LayerNorm and the residual touch
+    mode = mode or cfg.recompute.mode
+    if mode == "full":
+        return FP32 * sbh / sp
+    split = (4 * attention_ratio(cfg) + 8) * c / t  # head- or hidden-sharded under tensor parallel
+    if cfg.train.compile:
+        replicated = FP32 / sp + c + c / sp + c  # LN1 input, its one cast, attention projection output, LN2 cast
+    else:
+        replicated = 2 * FP32 / sp + 4 * c  # LN inputs; three casts of LN1's output, one of LN2's
+    return (replicated + split) * sbh
+
+
+def block_params_per_rank(cfg, block: int, block_split: int) -> int:
+    return block - block_split + block_split // cfg.parallel.tp
+
+
+def weight_copies(cfg, dims, stage, recomputed: int, block_per_rank: int) -> tuple[float, float]:
+    """(bytes of compute-dtype weight copies autograd saves, bytes of copies held otherwise at the backward peak)
+    for one stage; `recomputed` of its blocks run under full recompute."""
+    if dims.dp > 1 and dims.zero >= 2:
+        return 0.0, 0.0  # FSDP's gathered compute-dtype parameters: counted in the state
+    c = _compute_size(cfg)
+    whole = stage.params_per_rank * c
+    dropped = recomputed * block_per_rank * c if cfg.recompute.mode == "full" else 0.0
+    # A pipeline's autocast cache, or FSDP's unsharded parameters (zero 0), keep the copies autograd does not.
+    held = dropped if (cfg.parallel.pp > 1 or dims.dp > 1) else 0.0
+    return whole - dropped, held
+
+
+def cached_only_bytes(cfg, dims, recomputed: int, block_per_rank: int) -> float:
+    """Copies of recomputed blocks' weights that only autocast's cache holds: alive until the forward ends."""
+    if cfg.recompute.mode != "full" or cfg.parallel.pp > 1 or dims.dp > 1:
+        return 0.0
+    return recomputed * block_per_rank * _compute_size(cfg)
+
+
+def logits_bytes(cfg, micro_batch: int) -> float:
+    return micro_batch * cfg.model.seq_len * padded_vocab_size(cfg.model) / cfg.parallel.tp * _compute_size(cfg)
+
+
+def fp32_logits_bytes(cfg, micro_batch: int) -> float:
+    return micro_batch * cfg.model.seq_len * padded_vocab_size(cfg.model) / cfg.parallel.tp * FP32
+
+
+def loss_saved_bytes(cfg, micro_batch: int) -> float:
+    """What the last stage saves after the blocks: the final norm's fp32 input, the head's cast input and
+    log_softmax's fp32 output."""
+    head_inputs = micro_batch * cfg.model.seq_len * cfg.model.d_model * (FP32 + _compute_size(cfg))
+    return head_inputs + fp32_logits_bytes(cfg, micro_batch)
+
+
+def loss_backward_bytes(cfg, micro_batch: int) -> float:
+    """The first moment of backward: nll_loss's gradient and log_softmax's gradient, both fp32, alive together."""
+    return 2 * fp32_logits_bytes(cfg, micro_batch)
+
+
+def boundary_bytes_per_element() -> int:
+    """A pipeline stage sends the residual stream, which autocast leaves in fp32."""
+    return FP32
+
+
+def optimizer_step_bytes(cfg, largest_param: float) -> float:
+    """Temporaries of the update: single-tensor AdamW builds sqrt(v) and its quotient (two fp32 tensors of the
+    parameter's size); the fused kernels none."""
+    fused = cfg.optim.fused in ("auto", "torch", "apex")  # auto is torch's fused kernel on CUDA
+    return 0.0 if fused else 2 * FP32 * largest_param
+
+
+def rank_peak(*, state: float, grads: float, acts: float, micro: int, last: bool, pipelined: bool,
+              held_weights: float, cached_only: float, loss_output: float, logits: float, loss_backward: float,
+              block_transient: float, optimizer_temporaries: float) -> dict:
+    """The four moments of the step (see the module docstring), in bytes; the peak is their maximum.
+    `loss_output` is log_softmax's saved output, alive from the loss to the start of backward."""
+    accumulated = grads if micro > 1 else 0.0  # gradients of the earlier micro-batches
+    live = grads + acts if micro > 1 else max(grads, acts)  # backward frees activations as it makes gradients
+    before_loss = loss_output if last else 0.0
+    kept_logits = logits if last else 0.0
+    # Without a pipeline the previous micro-batch's logits are referenced until this forward returns.
+    previous_logits = logits if (last and micro > 1 and not pipelined) else 0.0
+    return {
+        "forward_end": state + accumulated + acts - before_loss + held_weights + cached_only + kept_logits
+        + previous_logits,
+        "loss_backward": state + live + held_weights + kept_logits + (loss_backward if last else 0.0),
+        "blocks_backward": state + live - before_loss + held_weights + kept_logits + block_transient,
+        "optimizer_step": state + grads + optimizer_temporaries,
+    }

@@ -1,0 +1,101 @@
+"""logs/combined.log ([node/rank] prefixes, a separator per launch) and the one way ranks are named."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+from conftest import SMALL, launch
+
+from llmtrain.launch.combined_log import CombinedLog, combined_path
+from llmtrain.launch.placement import describe_rank, node_label, rank_label
+
+
+def _place(logs, rank: int, node: int, host: str, local_rank: int) -> None:
+    (logs / f"rank{rank}.place").write_text(json.dumps({"rank": rank, "node": node, "host": host,
+                                                         "local_rank": local_rank, "restart": 0}))
+
+
+def test_rank_and_node_labels_have_one_format(tmp_path):
+    assert rank_label(3, 1, "node2", 1) == "rank 3 (node 1, host node2, local rank 1)"
+    assert rank_label(3, node=0) == "rank 3 (node 0)"
+    assert rank_label(None, 1, "node2", 0) == "a rank (node 1, host node2, local rank 0)"
+    assert node_label(1, "node2") == "node 1 (host node2)"
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    _place(logs, 3, 1, "node2", 1)
+    # What the rank recorded wins over what the caller guessed (torchrun's summary may give another host form).
+    assert describe_rank(str(tmp_path), 3, host="node2.cluster", local_rank=1, node=0) == \
+        "rank 3 (node 1, host node2, local rank 1)"
+    assert describe_rank(str(tmp_path), 4, host="node2", local_rank=0) == "rank 4 (host node2, local rank 0)"
+
+
+def test_combined_log_prefixes_new_lines_and_separates_launches(tmp_path):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "rank0.log").write_text("from an earlier launch\n")
+    _place(logs, 0, 0, "node1", 0)
+    _place(logs, 1, 1, "node2", 0)
+    log = CombinedLog(str(tmp_path), header="launch 2")
+    with open(logs / "rank0.log", "a") as f:
+        f.write("step 1 | loss 5.0\nhalf a li")
+    (logs / "rank1.log").write_text("rank one says\n")
+    (logs / "rank2.log").write_text("no place yet\n")
+    log.poll()
+    with open(logs / "rank0.log", "a") as f:
+        f.write("ne\n")
+    log.poll()
+    lines = open(combined_path(str(tmp_path))).read().splitlines()
+    assert re.fullmatch(r"===== launch 2, \d{4}-\d\d-\d\d \d\d:\d\d:\d\d \S* =====", lines[0]), lines[0]
+    assert lines[1:] == ["[0/0] step 1 | loss 5.0", "[1/1] rank one says", "[?/2] no place yet", "[0/0] half a line"]
+
+
+def test_local_launches_write_one_combined_log_with_a_separator_each(tmp_path):
+    run_dir = tmp_path / "run"
+    common = [*SMALL, "cluster.nproc_per_node=2", "train.global_batch_size=4", "train.micro_batch_size=2"]
+    launch(run_dir, *common, "train.max_steps=3")
+    launch(run_dir, *common, "train.max_steps=5")
+    text = (run_dir / "logs" / "combined.log").read_text()
+    separators = re.findall(r"^===== launch (\d+), .* =====$", text, re.MULTILINE)
+    assert separators == ["1", "2"], text[:2000]
+    second = text.split("===== launch 2,", 1)[1]
+    # Rank 0's progress, prefixed with its node and rank; nothing of the first launch repeated after its separator.
+    assert re.search(r"^\[0/0\] step +5/5 \| loss", second, re.MULTILINE), second[-2000:]
+    assert not re.search(r"^\[0/0\] step +[123]/", second, re.MULTILINE), second[-2000:]
+    assert all(re.match(r"\[(\d|\?)/[01]\] |===== launch", line) for line in text.splitlines()), text[:2000]
+
+
+def test_slurm_script_runs_the_merger_around_srun(tmp_path):
+    from llmtrain.config import compose_config
+    from llmtrain.launch.slurm import SlurmBackend
+
+    cfg = compose_config(["cluster=slurm", f"run.dir={tmp_path}", "cluster.nnodes=2"])
+    script = SlurmBackend(cfg, str(tmp_path)).script().splitlines()
+    start = next(i for i, line in enumerate(script) if "-m llmtrain.launch.combined_log" in line)
+    srun = next(i for i, line in enumerate(script) if line.startswith("srun "))
+    stop = script.index('kill -TERM "$merger"; wait "$merger"')
+    assert start < srun < stop and script[start].endswith("& merger=$!")
+
+
+def test_merger_stops_on_sigterm_after_a_last_read(tmp_path):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "llmtrain.launch.combined_log", str(tmp_path)],
+                            env={"SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": "1", "PATH": "/usr/bin:/bin",
+                                 "PYTHONPATH": ":".join(sys.path)})
+    try:
+        import time
+
+        deadline = time.monotonic() + 30
+        while not (logs / "combined.log").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        (logs / "rank0.log").write_text("last words\n")
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0
+    finally:
+        proc.kill()
+    lines = (logs / "combined.log").read_text().splitlines()
+    assert lines[0].startswith("===== launch 1 (Slurm job 77, restart 1), ")
+    assert lines[1:] == ["[?/0] last words"]

@@ -1,0 +1,387 @@
+"""`llmtrain doctor`: reachability of every host before any job starts (ssh), Slurm node states from sinfo, the
+interface and address per node, all-reduce bandwidth intra-node / inter-node / all, and a results folder of its
+own. The fast tests use fake ssh/sinfo/sbatch programs on PATH; the `cluster` ones run on the two-node test
+cluster (scripts/testcluster.sh)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import stat
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from conftest import run_cli, wait_for
+from omegaconf import OmegaConf
+
+from llmtrain.doctor import results_dir
+from llmtrain.doctor_bandwidth import plan_sweeps
+from llmtrain.doctor_report import bandwidth_lines, problems
+from llmtrain.launch import reachability
+from llmtrain.launch.collective_interface import named_interface
+from llmtrain.launch.slurm_nodes import NodeState, parse_sinfo, parse_state
+from llmtrain.launch.ssh import ssh_base
+
+BAD_HOST = "nonexistent-host.invalid"
+RESOLVE_ERROR = f"ssh: Could not resolve hostname {BAD_HOST}: Name or service not known"
+
+
+def fake_program(folder: Path, name: str, body: str) -> Path:
+    """An executable `name` in `folder` that appends its arguments (and the time) to folder/NAME.calls."""
+    folder.mkdir(exist_ok=True)
+    path = folder / name
+    path.write_text(f'#!/bin/bash\necho "$(date +%s.%N) $*" >> {folder}/{name}.calls\n{body}\n')
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return path
+
+
+def calls(folder: Path, name: str) -> list[str]:
+    path = folder / f"{name}.calls"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def with_path(folder: Path) -> dict[str, str]:
+    return {"PATH": f"{folder}{os.pathsep}{os.environ['PATH']}"}
+
+
+# ---------------------------------------------------------------------------------------------- reachability (ssh)
+def ssh_options(**cluster) -> str:
+    """The options the launcher's ssh gets (ssh.ssh_base), as the fake ssh records them."""
+    keys = {"ssh_config": None, "ssh_port": None, "ssh_identity": None, "ssh_user": None}
+    return " ".join(ssh_base(OmegaConf.create({**keys, **cluster}))[1:])
+
+
+FAKE_SSH = f"""for last; do :; done
+for a in "$@"; do
+  case "$a" in
+    {BAD_HOST}) sleep 0.3; echo "{RESOLVE_ERROR}" >&2; exit 255 ;;
+    down-*) sleep 1; echo "ssh: connect to host $a port 22: Connection timed out" >&2; exit 255 ;;
+  esac
+done
+exit 0"""
+
+
+def test_unreachable_host_is_named_and_nothing_starts(tmp_path):
+    bin_dir = tmp_path / "bin"
+    fake_program(bin_dir, "ssh", FAKE_SSH)
+    hostfile = tmp_path / "hosts.txt"
+    hostfile.write_text(f"good-host slots=1\n{BAD_HOST} slots=1\n")
+    result = run_cli(["doctor", "cluster=ssh", f"cluster.hostfile={hostfile}", "cluster.nnodes=2",
+                      "cluster.nproc_per_node=1", f"doctor.dir={tmp_path / 'doctor'}", f"run.dir={tmp_path / 'run'}"],
+                     env=with_path(bin_dir), timeout=60)
+    assert result.returncode == 1, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == 2, result.stdout
+    took = re.fullmatch(rf"{re.escape(BAD_HOST)}: unreachable after (\d+\.\d) s \({re.escape(RESOLVE_ERROR)}\)",
+                        lines[0])
+    assert took and 0.3 <= float(took[1]) < 5, lines[0]
+    assert lines[1] == (f"llmtrain doctor: 1 of 2 host(s) of {hostfile} cannot be reached over ssh; nothing was "
+                        f"started (cluster.exclude={BAD_HOST} leaves them out)")
+    # Only the probes ran: one per host, each the launcher's own ssh options + `-o ConnectTimeout=10 HOST true`.
+    probes = [c.split(" ", 1)[1] for c in calls(bin_dir, "ssh")]
+    options = ssh_options()
+    assert sorted(probes) == sorted(f"{options} -o ConnectTimeout=10 {h} true" for h in ("good-host", BAD_HOST))
+    assert not (tmp_path / "doctor").exists() and not (tmp_path / "run").exists()
+
+
+def test_hosts_are_probed_in_parallel_with_ssh_options(tmp_path):
+    bin_dir = tmp_path / "bin"
+    fake_program(bin_dir, "ssh", FAKE_SSH)
+    hostfile = tmp_path / "hosts.txt"
+    hostfile.write_text("".join(f"down-{i} slots=1\n" for i in range(4)))
+    result = run_cli(["doctor", "cluster=ssh", f"cluster.hostfile={hostfile}", "cluster.nnodes=2",
+                      "cluster.nproc_per_node=1", "cluster.ssh_port=2200", "cluster.ssh_user=me",
+                      f"cluster.ssh_config={tmp_path / 'ssh_config'}", "doctor.connect_timeout_s=3",
+                      f"doctor.dir={tmp_path / 'doctor'}"], env=with_path(bin_dir), timeout=60)
+    assert result.returncode == 1, result.stdout + result.stderr
+    named = [ln for ln in result.stdout.splitlines() if "unreachable" in ln]
+    assert [ln.split(":")[0] for ln in named] == [f"down-{i}" for i in range(4)]  # hostfile order
+    for i, line in enumerate(named):
+        assert re.fullmatch(rf"down-{i}: unreachable after 1\.\d s \(ssh: connect to host down-{i} port 22: "
+                            r"Connection timed out\)", line), line
+    starts = sorted(float(c.split(" ", 1)[0]) for c in calls(bin_dir, "ssh"))
+    assert len(starts) == 4 and starts[-1] - starts[0] < 0.9, starts  # all four at once, not one after another
+    options = ssh_options(ssh_config=str(tmp_path / "ssh_config"), ssh_port=2200, ssh_user="me")
+    assert "-o BatchMode=yes" in options and f"-F {tmp_path / 'ssh_config'}" in options and "-l me" in options
+    assert sorted(c.split(" ", 1)[1] for c in calls(bin_dir, "ssh")) == [
+        f"{options} -o ConnectTimeout=3 down-{i} true" for i in range(4)]
+    assert result.stdout.splitlines()[-1].endswith("(cluster.exclude=down-0,down-1,down-2,down-3 leaves them out)")
+
+
+def test_a_stalled_ssh_is_stopped_and_named(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    fake_program(bin_dir, "ssh", "sleep 60 & wait")  # a child holding the pipes, as a ProxyCommand would
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(reachability, "STALL_MARGIN_S", 0.5)
+    cluster = OmegaConf.create({"ssh_config": None, "ssh_port": None, "ssh_identity": None, "ssh_user": None})
+    start = time.monotonic()
+    [check] = reachability.check_hosts(cluster, ["stuck"], connect_timeout_s=1)
+    assert time.monotonic() - start < 4
+    assert re.fullmatch(r"stuck: unreachable after 1\.[5-9] s \(no answer within 1\.5 s; ssh was stopped\)",
+                        check.line()), check.line()
+
+
+def test_ssh_failures_keep_sshs_own_words():
+    assert reachability.why_failed(255, "Warning: Permanently added 'n1' (ED25519) to the list of known hosts.\r\n"
+                                        "root@n1: Permission denied (publickey).\n") == \
+        "root@n1: Permission denied (publickey)."
+    assert reachability.why_failed(1, "bash: /etc/profile: Input/output error\n") == \
+        "connected, but the remote shell exited with status 1: bash: /etc/profile: Input/output error"
+
+
+@pytest.mark.skipif(shutil.which("ssh") is None, reason="no ssh client on this machine")
+def test_real_ssh_names_an_unresolvable_host(tmp_path):
+    hostfile = tmp_path / "hosts.txt"
+    hostfile.write_text(f"{BAD_HOST} slots=1\n")
+    start = time.monotonic()
+    result = run_cli(["doctor", "cluster=ssh", f"cluster.hostfile={hostfile}", "cluster.nnodes=1",
+                      "cluster.nproc_per_node=1", f"doctor.dir={tmp_path / 'doctor'}"], timeout=60)
+    assert result.returncode == 1 and time.monotonic() - start < 20, result.stdout + result.stderr
+    first = result.stdout.splitlines()[0]
+    assert re.fullmatch(rf"{re.escape(BAD_HOST)}: unreachable after \d+\.\d s \(ssh: Could not resolve hostname "
+                        rf"{re.escape(BAD_HOST)}: [^)]+\)", first), first
+    assert not (tmp_path / "doctor").exists()
+
+
+# ---------------------------------------------------------------------------------------------- Slurm (sinfo)
+SINFO = """node1|idle|debug*|none
+node2|drained|debug*|disk failure
+node3|idle*|debug*|Not responding
+node4|mixed~|debug*|none
+node1|idle|gpu|none
+node5|down*|gpu|Node unexpectedly rebooted
+"""
+
+
+def test_sinfo_default_partition_and_node_states():
+    partition, nodes = parse_sinfo(SINFO, None)
+    assert partition == "debug"
+    assert nodes == [NodeState("node1", "idle", False, None), NodeState("node2", "drained", False, "disk failure"),
+                     NodeState("node3", "idle", True, "Not responding"), NodeState("node4", "mixed", False, None)]
+    assert [n.usable for n in nodes] == [True, False, False, True]
+    assert [n.line() for n in nodes if not n.usable] == ["node2: drained (disk failure)",
+                                                         "node3: idle, not responding (Not responding)"]
+    partition, nodes = parse_sinfo(SINFO, "gpu")
+    assert partition == "gpu" and [n.line() for n in nodes] == [
+        "node1: idle", "node5: down, not responding (Node unexpectedly rebooted)"]
+    assert parse_state("DRAINING") == ("draining", False) and parse_state("allocated#") == ("allocated", False)
+    assert parse_sinfo("", "nopart") == ("nopart", [])
+
+
+def slurm_tools(bin_dir: Path, sinfo_output: str) -> None:
+    fake_program(bin_dir, "sinfo", f"cat <<'EOF'\n{sinfo_output}EOF")
+    for tool in ("sbatch", "scontrol", "scancel"):
+        fake_program(bin_dir, tool, "exit 1")
+
+
+def test_slurm_with_too_few_usable_nodes_submits_nothing(tmp_path):
+    bin_dir = tmp_path / "bin"
+    slurm_tools(bin_dir, SINFO)
+    args = ["doctor", "cluster=slurm", "cluster.nproc_per_node=1", "device=cpu", f"doctor.dir={tmp_path / 'doctor'}"]
+    result = run_cli([*args, "cluster.nnodes=3"], env=with_path(bin_dir), timeout=60)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stdout.splitlines() == [
+        "node2: drained (disk failure)",
+        "node3: idle, not responding (Not responding)",
+        "llmtrain doctor: partition debug: 2 of 4 node(s) usable, fewer than cluster.nnodes=3: the job could not "
+        "start; nothing was submitted"]
+    assert [c.split(" ", 1)[1] for c in calls(bin_dir, "sinfo")] == ["-h -N -o %N|%T|%P|%E"]
+    assert calls(bin_dir, "sbatch") == [] and not (tmp_path / "doctor").exists()
+
+    result = run_cli([*args, "cluster.nnodes=2", "cluster.partition=gpu"], env=with_path(bin_dir), timeout=60)
+    assert result.returncode == 1 and calls(bin_dir, "sbatch") == []
+    assert calls(bin_dir, "sinfo")[-1].split(" ", 1)[1] == "-h -N -o %N|%T|%P|%E -p gpu"
+    assert result.stdout.splitlines() == [
+        "node5: down, not responding (Node unexpectedly rebooted)",
+        "llmtrain doctor: partition gpu: 1 of 2 node(s) usable, fewer than cluster.nnodes=2: the job could not "
+        "start; nothing was submitted"]
+
+    # Enough usable nodes: the job is submitted (this sbatch refuses it, which leaves no doctor folder behind).
+    result = run_cli([*args, "cluster.nnodes=1", "cluster.partition=gpu"], env=with_path(bin_dir), timeout=60)
+    assert result.stdout.splitlines()[:2] == ["node5: down, not responding (Node unexpectedly rebooted)",
+                                              "llmtrain doctor: partition gpu: 1 of 2 node(s) usable (node1); "
+                                              "cluster.nnodes=1"]
+    assert result.returncode == 2 and len(calls(bin_dir, "sbatch")) == 1, result.stdout + result.stderr
+    assert result.stderr.startswith("llmtrain: error: cluster: sbatch refused the job")
+    assert list((tmp_path / "doctor").iterdir()) == []
+
+
+# ---------------------------------------------------------------------------------------------- interfaces, bandwidth
+def test_interface_variables_select_like_gloo_and_nccl():
+    found = ["lo", "eth0", "eth1", "ib0", "docker0"]
+    assert named_interface("NCCL_SOCKET_IFNAME", "^lo,docker", found) == "eth0"
+    assert named_interface("NCCL_SOCKET_IFNAME", "ib", found) == "ib0"  # NCCL: a prefix
+    assert named_interface("NCCL_SOCKET_IFNAME", "=eth1", found) == "eth1"
+    assert named_interface("GLOO_SOCKET_IFNAME", "eth1,eth0", found) == "eth1"  # gloo: a name
+    assert named_interface("GLOO_SOCKET_IFNAME", "^lo,eth,ib", found) == "docker0"
+
+
+def test_sweep_scopes_by_layout():
+    two_by_two = [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert plan_sweeps(two_by_two) == [{"scope": "intra-node", "groups": [[0, 1], [2, 3]]},
+                                       {"scope": "inter-node", "groups": [[0, 2]]},
+                                       {"scope": "all", "groups": [[0, 1, 2, 3]]}]
+    assert plan_sweeps([(0, 0), (1, 0)]) == [{"scope": "intra-node", "skipped": "one process per node"},
+                                             {"scope": "inter-node", "groups": [[0, 1]]},
+                                             {"scope": "all", "same_as": "inter-node"}]
+    assert plan_sweeps([(0, 0), (0, 1)]) == [{"scope": "intra-node", "groups": [[0, 1]]},
+                                             {"scope": "inter-node", "skipped": "one node"},
+                                             {"scope": "all", "same_as": "intra-node"}]
+    # Ranks of a node need not be consecutive; local rank 0 speaks for its node.
+    assert plan_sweeps([(1, 1), (0, 0), (1, 0), (0, 1)])[:2] == [
+        {"scope": "intra-node", "groups": [[1, 3], [0, 2]]}, {"scope": "inter-node", "groups": [[1, 2]]}]
+
+
+def rows(*busbw: float) -> list[dict]:
+    return [{"bytes": 1024 * 4**i, "time_us": 1.0, "algbw_gbs": b, "busbw_gbs": b} for i, b in enumerate(busbw)]
+
+
+def rank(node: int, host: str, address: str) -> dict:
+    return {"node": node, "host": host, "python": "3.11", "torch": "2.13", "cuda": None, "nccl": None,
+            "cuda_available": False, "env": {},
+            "interfaces": [{"backend": "gloo", "variable": "GLOO_SOCKET_IFNAME", "interface": "eth0",
+                            "address": address, "via": "route to n1"}]}
+
+
+def test_bandwidth_lines_name_each_scope_and_the_slowest_node():
+    report = {"ranks": [rank(0, "n1", "10.0.0.1"), rank(0, "n1", "10.0.0.1"), rank(1, "n2", "10.0.0.2"),
+                        rank(1, "n2", "10.0.0.2")],
+              "sizes": [1024, 4096],
+              "sweeps": [{"scope": "intra-node", "results": [{"ranks": [0, 1], "node": 0, "rows": rows(1.0, 9.0)},
+                                                             {"ranks": [2, 3], "node": 1, "rows": rows(2.0, 5.0)}]},
+                         {"scope": "inter-node", "results": [{"ranks": [0, 2], "node": 0, "rows": rows(0.5, 0.25)}]},
+                         {"scope": "all", "results": [{"ranks": [0, 1, 2, 3], "node": 0, "rows": rows(0.1, 0.75)}]}]}
+    assert bandwidth_lines(report) == [
+        "intra-node: 5.000 GB/s at 4 KiB (2 ranks on each of 2 nodes; slowest node n2)",
+        "inter-node: 0.500 GB/s at 1 KiB (1 rank on each of 2 nodes)",
+        "all: 0.750 GB/s at 4 KiB (4 ranks)"]
+    cfg = OmegaConf.create({"cluster": {"nnodes": 2, "nproc_per_node": 2}, "device": "cpu"})
+    assert problems(report, cfg) == []
+    report["ranks"][2]["interfaces"][0].update(interface="lo", address="127.0.1.1")
+    assert problems(report, cfg) == ["node 1 (n2), gloo: route to n1 is lo (127.0.1.1), a loopback address the other "
+                                     "nodes cannot reach; set +env.GLOO_SOCKET_IFNAME=NAME"]
+
+
+# ---------------------------------------------------------------------------------------------- results folder
+def test_results_folder_is_new_per_check(tmp_path):
+    now = time.mktime((2025, 3, 4, 5, 6, 7, 0, 0, -1))
+    first, second = results_dir(str(tmp_path / "doc"), now), results_dir(str(tmp_path / "doc"), now)
+    assert first == str(tmp_path / "doc" / "20250304-050607") and second == first + "-2"
+    assert os.listdir(first) == [] and os.listdir(second) == []
+
+
+@pytest.mark.slow
+def test_local_doctor_writes_its_own_folder_and_leaves_run_dirs_alone(tmp_path):
+    run_dir = tmp_path / "run"
+    (run_dir / "logs").mkdir(parents=True)
+    (run_dir / "config.yaml").write_text("a run's config\n")
+    (run_dir / ".lock").write_text('{"host": "elsewhere", "pid": 1}\n')
+    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    result = run_cli(["doctor", f"run.dir={run_dir}", f"doctor.dir={tmp_path / 'doctor'}", "--max-bytes", "65536",
+                      "--iters", "2"], timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
+    [folder] = list((tmp_path / "doctor").iterdir())
+    assert re.fullmatch(r"\d{8}-\d{6}", folder.name)
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"llmtrain doctor: 1 node(s) x 2 process(es) via local; results in {folder}"
+    assert lines[-1] == f"llmtrain doctor: report in {folder / 'report.json'}"
+    report = json.loads((folder / "report.json").read_text())
+    assert report["ok"] is True and report["problems"] == [] and len(report["ranks"]) == 2
+    assert {p.name for p in (folder / "logs").iterdir()} >= {"node0.env", "node0.log", "rank0.log", "rank1.log"}
+    assert re.search(r"^  intra-node: \d+\.\d{3} GB/s at \d+ KiB \(2 ranks on one node\)$", result.stdout, re.M)
+    assert "  inter-node: not measured (one node)\n  all: the same ranks as intra-node\n" in result.stdout
+
+
+# ---------------------------------------------------------------------------------------------- two-node cluster
+def ssh_doctor(cluster, tmp_path, hosts: str, *extra: str, timeout: float = 300):
+    hostfile = tmp_path / "hosts.txt"
+    hostfile.write_text(hosts)
+    return run_cli(["doctor", "cluster=ssh", f"cluster.hostfile={hostfile}", f"cluster.ssh_config={cluster.ssh_config}",
+                    "cluster.nnodes=2", "launch.pg_timeout_s=120", f"doctor.dir={tmp_path / 'doctor'}", *extra],
+                   env=cluster.env, timeout=timeout)
+
+
+@pytest.mark.slow
+@pytest.mark.cluster
+def test_doctor_over_ssh_reports_interfaces_and_three_bandwidths(cluster, tmp_path):
+    result = ssh_doctor(cluster, tmp_path, "node1 slots=2\nnode2 slots=2\n", "cluster.nproc_per_node=2",
+                        "--max-bytes", "1048576", "--iters", "2")
+    out = result.stdout
+    assert result.returncode == 0, out[-4000:] + result.stderr[-2000:]
+    assert out.startswith("llmtrain doctor: 2 host(s) answered over ssh (node1, node2; slowest ")
+    for node, host in ((0, "node1"), (1, "node2")):
+        row = rf"^│ {node} +│ {host} +│ gloo +│ eth0 +│ 10\.200\.0\.1{node + 1} +│ route to \S+ +│$"
+        assert re.search(row, out, re.M), out[-4000:]
+    assert re.search(r"^  intra-node: \d+\.\d{3} GB/s at \d+ [KM]iB \(2 ranks on each of 2 nodes; slowest node "
+                     r"node[12]\)$", out, re.M), out[-2000:]
+    assert re.search(r"^  inter-node: \d+\.\d{3} GB/s at \d+ [KM]iB \(1 rank on each of 2 nodes\)$", out, re.M)
+    assert re.search(r"^  all: \d+\.\d{3} GB/s at \d+ [KM]iB \(4 ranks\)$", out, re.M)
+    [folder] = list((tmp_path / "doctor").iterdir())
+    report = json.loads((folder / "report.json").read_text())
+    assert report["ok"] is True and [r["host"] for r in report["ranks"]] == ["node1", "node1", "node2", "node2"]
+    assert [len(s["results"]) for s in report["sweeps"]] == [2, 1, 1]
+    assert all(row["busbw_gbs"] > 0 for s in report["sweeps"] for res in s["results"] for row in res["rows"])
+
+
+@pytest.mark.slow
+@pytest.mark.cluster
+def test_doctor_names_a_node_whose_link_is_down_in_seconds(cluster, tmp_path):
+    # node2's side of the bridge goes down: its sshd can no longer be reached (the namespace keeps running).
+    link = ["ip", "link", "set", "llmtv2"]
+    subprocess.run([*link, "down"], check=True)
+    try:
+        start = time.monotonic()
+        result = ssh_doctor(cluster, tmp_path, "node1 slots=1\nnode2 slots=1\n", "cluster.nproc_per_node=1",
+                            "doctor.connect_timeout_s=3", timeout=60)
+        took = time.monotonic() - start
+    finally:
+        subprocess.run([*link, "up"], check=True)
+    assert result.returncode == 1 and took < 15, (took, result.stdout + result.stderr)
+    lines = result.stdout.splitlines()
+    assert re.fullmatch(r"node2: unreachable after [1-3]\.\d s \(ssh: connect to host node2 port 2222: "
+                        r"(Connection timed out|No route to host)\)", lines[0]), lines
+    assert lines[1].startswith("llmtrain doctor: 1 of 2 host(s) of ") and "node1" not in result.stdout
+    assert not (tmp_path / "doctor").exists()
+    assert wait_for(lambda: cluster.ssh("node2", "true", timeout=20).returncode == 0, timeout=60)
+
+
+@pytest.mark.slow
+@pytest.mark.cluster
+def test_doctor_under_slurm_names_a_drained_node_then_runs_on_both(cluster, tmp_path):
+    def scontrol(*args: str) -> None:
+        subprocess.run(["scontrol", "update", "NodeName=node2", *args], check=True, env=cluster.environ())
+
+    args = ["doctor", "cluster=slurm", "cluster.nnodes=2", "cluster.nproc_per_node=1", "cluster.gpus_per_node=0",
+            "cluster.time=null", "device=cpu", "launch.pg_timeout_s=120", f"doctor.dir={tmp_path / 'doctor'}"]
+    scontrol("State=DRAIN", "Reason=doctor test: disk replaced in rack 3")  # longer than sinfo's default width
+    try:
+        result = run_cli(args, env=cluster.env, timeout=60)
+    finally:
+        scontrol("State=RESUME")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stdout.splitlines() == [
+        "node2: drained (doctor test: disk replaced in rack 3)",
+        "llmtrain doctor: partition debug: 1 of 2 node(s) usable, fewer than cluster.nnodes=2: the job could not "
+        "start; nothing was submitted"]
+    assert not (tmp_path / "doctor").exists()
+    idle = lambda: subprocess.run(["sinfo", "-h", "-o", "%T"], env=cluster.environ(), capture_output=True,  # noqa: E731
+                                  text=True).stdout.split() == ["idle"]
+    assert wait_for(idle, timeout=60)
+
+    # Both nodes back: the job runs under srun, one process per node, and each node names its interface.
+    result = run_cli([*args, "--max-bytes", "65536", "--iters", "2"], env=cluster.env, timeout=300)
+    out = result.stdout
+    assert result.returncode == 0, out[-4000:] + result.stderr[-2000:]
+    assert out.startswith("llmtrain doctor: partition debug: 2 of 2 node(s) usable (node1, node2); cluster.nnodes=2\n")
+    for host, address in (("node1", r"10\.200\.0\.11"), ("node2", r"10\.200\.0\.12")):
+        assert re.search(rf"^│ [01] +│ {host} +│ gloo +│ eth0 +│ {address} +│ route to \S+ +│$", out, re.M), out
+    assert "  intra-node: not measured (one process per node)\n" in out
+    assert re.search(r"^  inter-node: \d+\.\d{3} GB/s at \d+ KiB \(1 rank on each of 2 nodes\)\n  all: the same "
+                     r"ranks as inter-node$", out, re.M), out
+    [folder] = list((tmp_path / "doctor").iterdir())
+    assert json.loads((folder / "report.json").read_text())["ok"] is True
