@@ -62,6 +62,16 @@ def prepare(cfg: DictConfig, out_dir: str, sizes: list[int], iters: int) -> None
         json.dump({"sizes": sizes, "iters": iters}, f)
 
 
+def record_verdict(path: str, found: list[str]) -> None:
+    """Add the problems and "ok" to the ranks' report.json (rank 0 wrote it without them)."""
+    with open(path) as f:
+        report = json.load(f)
+    report.update(problems=found, ok=not found)
+    with open(path + ".tmp", "w") as f:
+        json.dump(report, f, indent=1)
+    os.replace(path + ".tmp", path)
+
+
 def run_doctor(cfg: DictConfig, max_bytes: int | None, iters: int) -> int:
     console = get_console()
     say = lambda text: console.print(text, markup=False, highlight=False, soft_wrap=True)  # noqa: E731
@@ -92,6 +102,8 @@ def run_doctor(cfg: DictConfig, max_bytes: int | None, iters: int) -> int:
         return EXIT_INTERRUPTED
     path = os.path.join(out_dir, "report.json")
     if code != 0 or not os.path.exists(path):
+        if os.path.exists(path):  # rank 0 got that far, but the job did not end well: never a success
+            record_verdict(path, [f"the preflight job failed (exit code {code})"])
         console.print(f"[bold red]llmtrain doctor: the preflight job failed (exit code {code}); see "
                       f"{os.path.join(out_dir, 'logs')}[/]", highlight=False, soft_wrap=True)
         return EXIT_PROBLEM
@@ -99,11 +111,7 @@ def run_doctor(cfg: DictConfig, max_bytes: int | None, iters: int) -> int:
         report = json.load(f)
     render(report, console)
     found = problems(report, cfg)
-    report.update(problems=found, ok=not found)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(report, f, indent=1)
-    os.replace(tmp, path)
+    record_verdict(path, found)
     for p in found:
         console.print(f"[bold red]problem:[/] {p}", highlight=False, soft_wrap=True)
     if not found:

@@ -61,12 +61,14 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import torch.distributed as dist
 
-    from llmtrain.config import load_run_config
+    from llmtrain.config import load_run_config, validate
     from llmtrain.train.preemption import Preempted
     from llmtrain.train.trainer import Trainer, resolve_device
 
     try:
         cfg = load_run_config(os.path.join(run_dir, "config.yaml"))
+        # The launcher validated it on its node; this node may lack what it found there (a package, a file).
+        validate(cfg)
         torch.manual_seed(cfg.train.seed)
         device = resolve_device(cfg.device, int(os.environ.get("LOCAL_RANK", 0)))
         init_process_group(device.type, cfg.launch.pg_timeout_s)

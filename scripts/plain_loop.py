@@ -37,9 +37,11 @@ def train(cfg, steps: int, fused: bool) -> dict:
     m, t = cfg.model, cfg.train
     dtype = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}[cfg.precision.compute_dtype]
     torch.manual_seed(t.seed)
-    model = GPT(GPTArgs.from_config(m))
+    with torch.device("meta"):  # materialized on the device, then initialized there, as llmtrain does
+        model = GPT(GPTArgs.from_config(m))
+    model.to_empty(device=device)
+    model.tie_weights()
     init_parameters(model, t.seed, m.init_std, m.n_layers)
-    model.to(device)
     if t.compile:
         for block in model.layers.values():
             block.compile()

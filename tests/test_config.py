@@ -187,3 +187,50 @@ def test_config_error_carries_key():
     with pytest.raises(ConfigError) as info:
         compose("train.micro_batch_size=-1")
     assert info.value.key == "train.micro_batch_size"
+
+
+def _choice_fields(schema, prefix=""):
+    import dataclasses
+
+    for f in dataclasses.fields(schema):
+        if dataclasses.is_dataclass(f.default_factory):
+            yield from _choice_fields(f.default_factory, f"{prefix}{f.name}.")
+        elif "choices" in f.metadata:
+            yield f"{prefix}{f.name}", f.metadata["choices"]
+
+
+def test_every_field_with_fixed_values_is_checked_against_the_schema():
+    from llmtrain.config.schema import LLMTrainConfig
+
+    fields = dict(_choice_fields(LLMTrainConfig))
+    # The allowed values are declared once, in the schema; these are some of them.
+    assert fields["parallel.pp_schedule"][:2] == ("gpipe", "1f1b") and fields["parallel.zero"] == (0, 2, 3)
+    assert fields["data.dtype"] == ("uint16", "uint32", None) and fields["device"] == ("auto", "cpu", "cuda")
+    assert len(fields) >= 11
+    for key, allowed in fields.items():
+        bad = 7 if isinstance(allowed[0], int) else "bogus"
+        cfg = compose_config([])
+        OmegaConf.update(cfg, key, bad, merge=False)
+        with pytest.raises(ConfigError) as e:
+            validate(cfg)
+        shown = ", ".join(str(a) for a in allowed if a is not None)
+        assert str(e.value) == f"{key}: must be one of {shown} (got {bad})", key
+
+
+def test_the_config_stays_typed_from_composition_to_the_worker(tmp_path):
+    from omegaconf.errors import ValidationError
+
+    from llmtrain.config import load_run_config, to_yaml
+
+    cfg = compose("checkpoint.async=true")
+    assert OmegaConf.get_type(cfg) is not dict and cfg.checkpoint.async_save is True
+    with pytest.raises(ValidationError):
+        cfg.train.max_steps = "many"
+    # config.yaml holds the keys users write; read back, it is typed again.
+    text = to_yaml(cfg)
+    assert "  async: true\n" in text and "async_save" not in text
+    (tmp_path / "config.yaml").write_text(text)
+    again = load_run_config(tmp_path / "config.yaml")
+    assert again.checkpoint.async_save is True and again == cfg
+    with pytest.raises(ValidationError):
+        again.parallel.tp = "two"

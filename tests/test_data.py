@@ -249,9 +249,6 @@ def test_build_dataset_reads_meta_and_checks_vocab(tmp_path):
         build_dataset(data_cfg("memmap", out, dtype="uint32"), model_cfg(), seed=0)
     assert err.value.key == "data.dtype"
     with pytest.raises(DataError) as err:
-        build_dataset(data_cfg("imagenet"), model_cfg(), seed=0)
-    assert err.value.key == "data.name"
-    with pytest.raises(DataError) as err:
         build_dataset(data_cfg("memmap", str(tmp_path / "x.bin")), model_cfg(), seed=0)
     assert err.value.key == "data.path"
     assert isinstance(build_dataset(data_cfg("synthetic"), model_cfg(), seed=0), SyntheticDataset)

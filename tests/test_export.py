@@ -1,4 +1,4 @@
-"""Checkpoint export: safetensors written by hand, DCP -> safetensors / Hugging Face GPT-2, and init_from loading.
+"""Checkpoint export: safetensors files, DCP -> safetensors / Hugging Face GPT-2, and init_from loading.
 
 Single process, no process group; a checkpoint is a DCP save of a small random GPT plus its config.yaml.
 """
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import warnings
 from pathlib import Path
@@ -71,6 +72,7 @@ def _dir_snapshot(path: Path) -> dict[str, bytes]:
 
 def test_safetensors_round_trip_is_exact_and_header_aligned(tmp_path):
     g = torch.Generator().manual_seed(0)
+    base = torch.randn(10, generator=g)
     tensors = {
         "a.f32": torch.randn(3, 5, generator=g),
         "b.bf16": torch.randn(7, generator=g).to(torch.bfloat16),
@@ -78,11 +80,13 @@ def test_safetensors_round_trip_is_exact_and_header_aligned(tmp_path):
         "d.scalar": torch.tensor(3.5),
         "e.empty": torch.empty(0, 4),
         "f.noncontig": torch.randn(4, 6, generator=g).t(),
+        "g.view": base[:4],  # two views of one storage
+        "h.view": base[2:],
     }
     path = tmp_path / "x.safetensors"
     write_safetensors(tensors, path, {"format": "pt", "note": "hi"})
     back = read_safetensors(path)
-    assert list(back) == list(tensors)
+    assert sorted(back) == sorted(tensors)
     for name, t in tensors.items():
         assert back[name].dtype == t.dtype and back[name].shape == t.shape, name
         assert back[name].contiguous().view(-1).view(torch.uint8).tolist() == \
@@ -94,30 +98,43 @@ def test_safetensors_round_trip_is_exact_and_header_aligned(tmp_path):
     assert (8 + n) % 8 == 0
     header = json.loads(raw[8:8 + n])
     assert header["__metadata__"] == {"format": "pt", "note": "hi"}
-    assert header["b.bf16"] == {"dtype": "BF16", "shape": [7], "data_offsets": [60, 74]}
+    assert header["b.bf16"]["dtype"] == "BF16" and header["b.bf16"]["shape"] == [7]
+    begin, end = header["b.bf16"]["data_offsets"]
+    assert end - begin == 14
     assert len(raw) == 8 + n + max(v["data_offsets"][1] for k, v in header.items() if k != "__metadata__")
     assert not [p for p in tmp_path.iterdir() if p.name != "x.safetensors"]  # no temp file left
+    assert path.stat().st_mode & 0o777 == 0o666 & ~_process_umask()
 
 
-def test_safetensors_matches_the_reference_library(tmp_path):
-    st = pytest.importorskip("safetensors.torch")
-    tensors = {"w": torch.randn(4, 3), "h": torch.randn(5).to(torch.bfloat16), "i": torch.arange(6).reshape(2, 3)}
-    ours, theirs = tmp_path / "ours.safetensors", tmp_path / "theirs.safetensors"
-    write_safetensors(tensors, ours, {"format": "pt"})
-    st.save_file(tensors, str(theirs), metadata={"format": "pt"})
-    for name, t in st.load_file(str(ours)).items():
-        assert torch.equal(t, tensors[name])
-    for name, t in read_safetensors(theirs).items():
-        assert torch.equal(t, tensors[name])
+def _process_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def test_failed_write_leaves_the_old_file_and_no_temp_file(tmp_path):
+    path = tmp_path / "x.safetensors"
+    write_safetensors({"w": torch.ones(3)}, path)
+    before = path.read_bytes()
+    with pytest.raises(TypeError, match="bad: not a tensor"):
+        write_safetensors({"w": torch.zeros(3), "bad": [1.0]}, path)
+    with pytest.raises((TypeError, ValueError)):
+        write_safetensors({"w": torch.zeros(3)}, path, {"step": 7})  # metadata maps str to str
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["x.safetensors"]
 
 
 def test_corrupt_safetensors_is_a_config_error_naming_the_file(tmp_path):
     path = tmp_path / "x.safetensors"
     write_safetensors({"w": torch.randn(10)}, path)
     path.write_bytes(path.read_bytes()[:-4])
-    with pytest.raises(ConfigError) as e:
-        read_safetensors(path)
-    assert e.value.key == str(path)
+    for read in (read_safetensors, read_safetensors_metadata):
+        with pytest.raises(ConfigError, match="not a valid safetensors file") as e:
+            read(path)
+        assert e.value.key == str(path)
+    with pytest.raises(ConfigError, match="cannot read") as e:
+        read_safetensors(tmp_path / "missing.safetensors")
+    assert e.value.key == str(tmp_path / "missing.safetensors")
 
 
 # ---- DCP -> tensors ------------------------------------------------------------------------------------------

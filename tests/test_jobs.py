@@ -143,6 +143,10 @@ def test_status_of_a_failed_run_names_the_rank(tmp_path, capsys):
     assert code == 0 and "state       failed: rank 0 failed: RuntimeError: boom\n" in out
     assert "checkpoint  none" in out and "step        2 / 4" in out
     assert status_json(capsys, run_dir)["state"] == "failed"
+    # Where the rank ran, as it recorded it, named as everywhere else.
+    (run_dir / "logs" / "rank0.place").write_text('{"rank": 0, "node": 1, "host": "node2", "local_rank": 0}')
+    code, out, _ = cli(capsys, "status", str(run_dir))
+    assert "state       failed: rank 0 (node 1, host node2, local rank 0) failed: RuntimeError: boom\n" in out
 
 
 @pytest.mark.parametrize("exit_code,killed,said", [

@@ -7,8 +7,7 @@ import json
 
 import pytest
 from conftest import SMALL, launch, run_cli, train_losses
-
-from llmtrain.report.tensorboard import read_events
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 pytestmark = pytest.mark.slow
 ONE = [*SMALL, "cluster.nproc_per_node=1", "train.global_batch_size=8", "train.micro_batch_size=8",
@@ -22,10 +21,11 @@ def test_metrics_tensorboard_profile_and_report(tmp_path):
     train = [r for r in rows if "loss" in r]
     assert all(0 < r["mfu"] < 1 and r["tflops"] > 0 for r in train)
     # MFU is achieved model FLOPs over the same peak: recompute it from the row's own numbers.
-    events = read_events(next((run_dir / "tensorboard").glob("events.out.tfevents.*")))
-    scalars = {e["step"]: e["scalars"] for e in events if e.get("scalars")}
-    assert sorted(scalars) == [r["step"] for r in train]
-    assert abs(scalars[5]["train/loss"] - train[-1]["loss"]) < 1e-5
+    events = EventAccumulator(str(next((run_dir / "tensorboard").glob("events.out.tfevents.*"))))
+    events.Reload()
+    loss = {e.step: e.value for e in events.Scalars("train/loss")}
+    assert sorted(loss) == [r["step"] for r in train]
+    assert abs(loss[5] - train[-1]["loss"]) < 1e-5
     trace = json.loads((run_dir / "profile" / "rank0.trace.json").read_text())
     assert trace["traceEvents"], "empty profiler trace"
     result = run_cli(["report", str(run_dir)])

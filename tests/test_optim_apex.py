@@ -110,13 +110,32 @@ def test_auto_is_torch_fused_on_cuda_and_the_plain_loop_on_cpu():
         assert resolve_fused(explicit, "cuda") == explicit and resolve_fused(explicit, "cpu") == explicit
 
 
+def test_step_counters_move_to_their_parameters_device_before_the_first_step():
+    """A checkpoint restores AdamW's step counters on the CPU; torch's fused CUDA kernel wants them next to the
+    parameters. "meta" stands in for the GPU here: SGD runs on it and leaves a step counter alone."""
+    import torch
+
+    from llmtrain.train.optim import steps_follow_params
+
+    param = torch.nn.Parameter(torch.zeros(2, device="meta"))
+    optimizer = torch.optim.SGD([param], lr=0.1)
+    optimizer.state[param]["step"] = torch.tensor(3.0)
+    steps_follow_params(optimizer)
+    param.grad = torch.zeros(2, device="meta")
+    optimizer.step()
+    assert optimizer.state[param]["step"].device.type == "meta"
+    optimizer.state[param]["step"] = torch.tensor(4.0)
+    optimizer.step()  # once only: later steps pay nothing
+    assert optimizer.state[param]["step"].device.type == "cpu"
+
+
 def test_auto_is_the_default():
     assert compose_config([]).optim.fused == "auto"
 
 
 def test_unknown_fused_value_names_the_choices():
     assert config_error("optim.fused=fast") == \
-        "optim.fused: must be one of ('auto', 'none', 'torch', 'apex') (got fast)"
+        "optim.fused: must be one of auto, none, torch, apex (got fast)"
 
 
 # ---- refusals -----------------------------------------------------------------------------------------------------
@@ -145,8 +164,8 @@ def test_fused_apex_without_apex_says_how_to_build_it(tmp_path):
     assert result.stderr == (
         "llmtrain: error: optim.fused: NVIDIA apex is not installed (it is not on PyPI); optim.fused=apex needs its "
         "CUDA extensions amp_C and fused_layer_norm_cuda: git clone https://github.com/NVIDIA/apex && cd apex && "
-        "APEX_CUDA_EXT=1 pip install -v --no-build-isolation . (the README's 'NVIDIA apex' part builds just these "
-        "two); or use optim.fused=auto (torch's fused AdamW on CUDA, no build)\n")
+        "APEX_CUDA_EXT=1 pip install -v --no-build-isolation . (README, 'Fused AdamW and NVIDIA apex': a build of "
+        "just these two); or use optim.fused=auto (torch's fused AdamW on CUDA, no build)\n")
     assert not (tmp_path / "r").exists()
 
 

@@ -64,3 +64,13 @@ def test_numpy_is_a_dependency():
     # torch does not depend on numpy, but torch.distributed's object collectives (used by every checkpoint save)
     # fail without it: "RuntimeError: Numpy is not available".
     assert "numpy" in _requirements(_pyproject()["project"]["dependencies"])
+
+
+def test_tensorboard_is_an_extra_that_the_tests_install():
+    # torch.utils.tensorboard (logging.tensorboard, llmtrain report --tensorboard) imports the tensorboard package,
+    # which torch does not depend on; the scan above sees only the torch import.
+    project = _pyproject()["project"]
+    extras = project["optional-dependencies"]
+    assert "tensorboard" in _requirements(extras["tensorboard"])
+    assert "tensorboard" in _requirements(extras["test"])
+    assert "tensorboard" not in _requirements(project["dependencies"])

@@ -1,34 +1,48 @@
-"""Run reports: the dependency-free TensorBoard event writer/reader and `llmtrain report RUN_DIR`."""
+"""Run reports: TensorBoard scalars through torch.utils.tensorboard and `llmtrain report RUN_DIR`."""
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import statistics
 import struct
+import sys
+from pathlib import Path
 
 import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from llmtrain.config import ConfigError, compose_config, to_yaml
+from llmtrain.config import ConfigError, compose_config, to_yaml, validate
 from llmtrain.report.run_report import add_report_arguments, run_report
-from llmtrain.report.tensorboard import FILE_VERSION, TensorBoardWriter, crc32c, read_events
+from llmtrain.report.tensorboard import TensorBoardWriter
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+MISSING = ("needs the tensorboard package, which is not installed: pip install 'llmtrain[tensorboard]' "
+           "(in a checkout: pip install -e '.[tensorboard]')")
 
 
 def _f32(x: float) -> float:
     return struct.unpack("<f", struct.pack("<f", x))[0]
 
 
+def _read_scalars(path) -> dict[str, list[tuple[int, float, float]]]:
+    """{tag: [(step, value, wall_time), ...]} of an event file or folder, read by TensorBoard itself."""
+    acc = EventAccumulator(str(path))
+    acc.Reload()
+    return {tag: [(e.step, e.value, e.wall_time) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+@pytest.fixture
+def no_tensorboard(monkeypatch):
+    """An interpreter without the tensorboard package: importing it fails, find_spec finds nothing."""
+    for name in list(sys.modules):
+        if name == "tensorboard" or name.startswith(("tensorboard.", "torch.utils.tensorboard")):
+            monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "tensorboard", None)
+
+
 # ---------------------------------------------------------------------------------------------------- tensorboard
-
-def test_crc32c_check_value():
-    assert crc32c(b"123456789") == 0xE3069283
-    assert crc32c(b"") == 0
-    assert crc32c(b"56789", crc32c(b"1234")) == 0xE3069283  # continuation
-
 
 def _write_scalars(log_dir):
     written = {
@@ -39,51 +53,58 @@ def _write_scalars(log_dir):
     with TensorBoardWriter(log_dir) as w:
         for step, values in written.items():
             # non-numeric, None, non-finite and float32-overflowing values are skipped
-            w.add_scalars(step, {**values, "name": "x", "skipped": None, "nan": math.nan, "inf": math.inf,
-                                 "huge": 1e300}, wall_time=1000.0 + step % 100)
-        w.add_scalars(11, {"nothing": None})  # nothing numeric: no event
+            assert w.add_scalars(step, {**values, "name": "x", "skipped": None, "nan": math.nan, "inf": math.inf,
+                                        "huge": 1e300}, wall_time=1000.0 + step % 100) == len(values)
+        assert w.add_scalars(11, {"nothing": None}) == 0  # nothing numeric: nothing written
         w.flush()
     return w.path, written
 
 
-def test_tensorboard_roundtrip(tmp_path):
+def test_tensorboard_scalars_read_back_by_tensorboard(tmp_path):
     path, written = _write_scalars(tmp_path / "tb")
-    name = path.split("/")[-1]
+    name = Path(path).name
+    assert [p.name for p in (tmp_path / "tb").iterdir()] == [name]
     assert name.startswith("events.out.tfevents.") and name.endswith(".llmtrain")
-    events = read_events(path)
-    assert events[0]["file_version"] == FILE_VERSION and events[0]["scalars"] == {}
-    assert events[0]["wall_time"] > 1e9
-    scalar_events = events[1:]
-    assert [e["step"] for e in scalar_events] == list(written)
-    for e, (step, values) in zip(scalar_events, written.items()):
-        assert e["scalars"] == {k: _f32(v) for k, v in values.items()}
-        assert e["wall_time"] == 1000.0 + step % 100
-
-
-def test_tensorboard_bad_crc(tmp_path):
-    path, _ = _write_scalars(tmp_path / "tb")
-    data = bytearray(open(path, "rb").read())
-    for offset in (3, len(data) - 10):  # inside a length header, inside the last payload
-        bad = bytearray(data)
-        bad[offset] ^= 0x01
-        open(path, "wb").write(bytes(bad))
-        with pytest.raises(ValueError, match="CRC"):
-            read_events(path)
-
-
-def test_tensorboard_reads_our_events(tmp_path):
-    if importlib.util.find_spec("tensorboard") is None:
-        pytest.skip("tensorboard not installed: pip install tensorboard")
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    path, written = _write_scalars(tmp_path / "tb")
-    acc = EventAccumulator(str(tmp_path / "tb"))
-    acc.Reload()
+    scalars = _read_scalars(path)
     tags = sorted({k for values in written.values() for k in values})
-    assert sorted(acc.Tags()["scalars"]) == tags
+    assert sorted(scalars) == tags
     for tag in tags:
-        expected = [(s, _f32(v[tag])) for s, v in written.items() if tag in v]
-        assert [(e.step, e.value) for e in acc.Scalars(tag)] == expected
+        assert scalars[tag] == [(s, _f32(v[tag]), 1000.0 + s % 100) for s, v in written.items() if tag in v]
+
+
+def test_two_writers_in_one_folder_keep_both_files(tmp_path):
+    first, _ = _write_scalars(tmp_path / "tb")
+    second, _ = _write_scalars(tmp_path / "tb")
+    assert first != second
+    assert sorted(p.name for p in (tmp_path / "tb").iterdir()) == sorted(Path(p).name for p in (first, second))
+    assert [s for s, _, _ in _read_scalars(first)["loss"]] == [1, 10, 2**40]
+
+
+def test_closed_writer_refuses_scalars(tmp_path):
+    w = TensorBoardWriter(tmp_path / "tb")
+    w.close()
+    with pytest.raises(ValueError, match="writer is closed"):
+        w.add_scalars(1, {"loss": 1.0})
+
+
+def test_missing_tensorboard_names_the_extra(tmp_path, no_tensorboard):
+    with pytest.raises(ConfigError) as info:
+        TensorBoardWriter(tmp_path / "tb")
+    assert info.value.key == "logging.tensorboard"
+    assert "pip install 'llmtrain[tensorboard]'" in info.value.message
+    assert not (tmp_path / "tb").exists()
+
+
+def test_missing_tensorboard_fails_validation_before_launch(tmp_path, capsys, no_tensorboard):
+    from llmtrain.cli import main
+
+    validate(compose_config(["logging.tensorboard=false"]))  # not asked for: nothing needed
+    with pytest.raises(ConfigError) as info:
+        validate(compose_config(["logging.tensorboard=true"]))
+    assert info.value.key == "logging.tensorboard" and info.value.message == MISSING
+    assert main(["launch", "--dry-run", "logging.tensorboard=true", f"run.dir={tmp_path / 'run'}"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == f"llmtrain: error: logging.tensorboard: {MISSING}\n" and captured.out == ""
 
 
 # ---------------------------------------------------------------------------------------------------- report
@@ -130,9 +151,24 @@ def test_report(tmp_path, capsys, monkeypatch):
     assert "102,400" in out  # tokens
     assert "1.0%" in out  # median MFU
     # the exported event file holds every train row and both evals
-    events = read_events(next((run_dir / "report" / "tensorboard").iterdir()))
-    assert sum("train/loss" in e["scalars"] for e in events) == 50
-    assert [e["step"] for e in events if "val/loss" in e["scalars"]] == [25, 50]
+    event_file = next((run_dir / "report" / "tensorboard").iterdir())
+    assert f"tensorboard: 52 train/val rows in {event_file}" in out
+    scalars = _read_scalars(event_file)
+    assert [(s, v) for s, v, _ in scalars["train/loss"]] == [(r["step"], _f32(r["loss"])) for r in train]
+    assert [(s, v) for s, v, _ in scalars["val/loss"]] == [(r["step"], _f32(r["val_loss"])) for r in rows
+                                                          if "val_loss" in r]
+    assert [s for s, _, _ in scalars["val/loss"]] == [25, 50]
+    assert "train/val_loss" not in scalars and "train/step" not in scalars
+
+
+def test_report_tensorboard_without_the_package_is_one_line_exit_2(tmp_path, capsys, no_tensorboard):
+    from llmtrain.cli import main
+
+    run_dir, _ = _fake_run(tmp_path)
+    assert main(["report", str(run_dir), "--tensorboard"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == f"llmtrain: error: --tensorboard: {MISSING}\n"
+    assert captured.out == "" and not (run_dir / "report").exists()
 
 
 def test_report_out_dir_and_no_config(tmp_path, capsys):

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from llmtrain.checkpoint.store import CheckpointError
+from llmtrain.config.compose import to_plain
 
 # Keys that fix parameter shapes: resuming with another value cannot load the weights.
 SHAPE_KEYS = ("model.n_layers", "model.n_heads", "model.d_model", "model.vocab_size", "model.vocab_pad_multiple",
@@ -23,7 +24,7 @@ def _flatten(cfg: DictConfig) -> dict[str, object]:
         else:
             out[prefix[:-1]] = node
 
-    walk(OmegaConf.to_container(cfg), "")
+    walk(to_plain(cfg), "")
     return out
 
 

@@ -2,8 +2,7 @@
 
 A checkpoint folder (CKPT/) holds the DCP files, the run's config.yaml and meta.json; its model tensors are stored
 under "model.<parameter name>" whatever the parallel layout was, so one process without a process group can read
-them back as full (consolidated) tensors. The safetensors format is written and read here (it is simple: an 8-byte
-little-endian header length, a JSON header, the raw bytes), so the `safetensors` package is not needed.
+them back as full (consolidated) tensors. Weights files are written and read with the `safetensors` package.
 
 Hugging Face GPT-2 differs from llmtrain's GPT only in names and layout: q, k and v are one Conv1D (c_attn) whose
 weight is (in, out), so every linear weight is transposed, and its vocabulary is the real one (no padding rows).
@@ -12,16 +11,16 @@ weight is (in, out), so every linear weight is transposed, and its vocabulary is
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
-import sys
 import tempfile
 import warnings
 from pathlib import Path
 
 import torch
 from omegaconf import DictConfig
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 
 from llmtrain.config import ConfigError, load_run_config, to_yaml
 from llmtrain.config.validate import padded_vocab_size
@@ -43,19 +42,6 @@ _TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh")
 
 # ---- safetensors ---------------------------------------------------------------------------------------------
 
-_DTYPE_TO_ST = {
-    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
-    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
-    torch.bool: "BOOL",
-}
-for _name, _st in (("float8_e4m3fn", "F8_E4M3"), ("float8_e5m2", "F8_E5M2"), ("uint16", "U16"),
-                   ("uint32", "U32"), ("uint64", "U64")):
-    if hasattr(torch, _name):
-        _DTYPE_TO_ST[getattr(torch, _name)] = _st
-_ST_TO_DTYPE = {v: k for k, v in _DTYPE_TO_ST.items()}
-# Same-width integer types, used to swap bytes on a big-endian host (the file is always little-endian).
-_SWAP_VIEW = {1: None, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
 
 def _umask() -> int:
     """The process umask, read without changing it (os.umask would race with other threads)."""
@@ -68,48 +54,31 @@ def _umask() -> int:
     return 0o022
 
 
-def _tensor_bytes(t: torch.Tensor) -> bytes:
-    t = t.detach().to("cpu").contiguous().reshape(-1)
-    if t.numel() == 0:
-        return b""
-    if sys.byteorder == "big" and t.element_size() > 1:
-        return t.view(_SWAP_VIEW[t.element_size()]).numpy().byteswap().tobytes()
-    return t.view(torch.uint8).numpy().tobytes()
+def _dense_unshared(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`tensors` as safetensors takes them: contiguous CPU tensors, none sharing its storage with another."""
+    out, storages = {}, set()
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: not a tensor ({type(t).__name__})")
+        t = t.detach().to("cpu").contiguous()
+        if t.numel() and t.untyped_storage().data_ptr() in storages:
+            t = t.clone()  # a copy only where needed: an export can be most of the host's memory
+        storages.add(t.untyped_storage().data_ptr())
+        out[name] = t
+    return out
 
 
 def write_safetensors(tensors: dict[str, torch.Tensor], path: str | os.PathLike,
                       metadata: dict[str, str] | None = None) -> None:
     """Write `tensors` to `path` in the safetensors format, atomically (temp file in the same folder + rename)."""
     path = Path(path)
-    header: dict[str, object] = {}
-    if metadata:
-        bad = [k for k, v in metadata.items() if not isinstance(k, str) or not isinstance(v, str)]
-        if bad:
-            raise ValueError(f"safetensors metadata must map str to str (bad entry: {bad[0]!r})")
-        header["__metadata__"] = dict(metadata)
-    offset = 0
-    for name, t in tensors.items():
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name}: not a tensor ({type(t).__name__})")
-        if t.dtype not in _DTYPE_TO_ST:
-            raise TypeError(f"{name}: dtype {t.dtype} has no safetensors equivalent")
-        if name == "__metadata__":
-            raise ValueError("'__metadata__' is reserved in safetensors")
-        nbytes = t.numel() * t.element_size()
-        header[name] = {"dtype": _DTYPE_TO_ST[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + nbytes]}
-        offset += nbytes
-    raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    raw += b" " * (-len(raw) % 8)  # the tensor data starts 8-byte aligned
-
+    tensors = _dense_unshared(tensors)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(len(raw).to_bytes(8, "little"))
-            f.write(raw)
-            for t in tensors.values():
-                f.write(_tensor_bytes(t))
-            f.flush()
+        save_file(tensors, tmp, metadata=metadata)
+        with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it 0600
         os.replace(tmp, path)
@@ -119,69 +88,26 @@ def write_safetensors(tensors: dict[str, torch.Tensor], path: str | os.PathLike,
         raise
 
 
-def read_safetensors_metadata(path: str | os.PathLike) -> dict[str, str]:
-    """The `__metadata__` entry of a safetensors file ({} if none)."""
-    header, _ = _read_header(Path(path))
-    return dict(header.get("__metadata__") or {})
-
-
-def _read_header(path: Path) -> tuple[dict, int]:
-    def bad(msg: str) -> ConfigError:
-        return ConfigError(str(path), f"not a valid safetensors file: {msg}")
-
+def _open_safetensors(path: Path):
+    """safe_open(path); a missing, unreadable or malformed file is a ConfigError naming it."""
     try:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
-            head = f.read(8)
-            if len(head) < 8:
-                raise bad("shorter than its 8-byte header length")
-            n = int.from_bytes(head, "little")
-            if n > size - 8:
-                raise bad(f"header length {n} is past the end of the file ({size} bytes)")
-            header = json.loads(f.read(n).decode("utf-8"))
+        return safe_open(str(path), framework="pt")
     except OSError as e:
         raise ConfigError(str(path), f"cannot read: {e.strerror or e}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise bad(f"header is not JSON ({e})") from None
-    if not isinstance(header, dict):
-        raise bad("header is not a JSON object")
-    return header, 8 + n
+    except SafetensorError as e:
+        raise ConfigError(str(path), f"not a valid safetensors file: {e}") from None
+
+
+def read_safetensors_metadata(path: str | os.PathLike) -> dict[str, str]:
+    """The `__metadata__` entry of a safetensors file ({} if none)."""
+    with _open_safetensors(Path(path)) as f:
+        return dict(f.metadata() or {})
 
 
 def read_safetensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """All tensors of a safetensors file (CPU, in the file's order); a malformed file is a ConfigError naming it."""
-    path = Path(path)
-    header, start = _read_header(path)
-    with open(path, "rb") as f:
-        f.seek(start)
-        data = bytearray(f.read())
-    out: dict[str, torch.Tensor] = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        try:
-            dtype = _ST_TO_DTYPE[info["dtype"]]
-            shape = [int(s) for s in info["shape"]]
-            begin, end = (int(x) for x in info["data_offsets"])
-        except (KeyError, TypeError, ValueError):
-            raise ConfigError(str(path), f"not a valid safetensors file: bad header entry for {name!r}: {info!r}") \
-                from None
-        numel = math.prod(shape)
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        if not 0 <= begin <= end <= len(data) or end - begin != numel * itemsize:
-            raise ConfigError(str(path), f"not a valid safetensors file: {name} has data_offsets [{begin}, {end}] "
-                                         f"for {numel} x {itemsize} bytes in a {len(data)}-byte data section")
-        if numel == 0:
-            out[name] = torch.empty(shape, dtype=dtype)
-            continue
-        chunk = data[begin:end]
-        if sys.byteorder == "big" and itemsize > 1:
-            import numpy as np
-
-            swapped = np.frombuffer(chunk, dtype=f"<i{itemsize}").astype(f">i{itemsize}")
-            chunk = bytearray(swapped.tobytes())
-        out[name] = torch.frombuffer(chunk, dtype=dtype).reshape(shape)
-    return out
+    """All tensors of a safetensors file, on the CPU; a malformed file is a ConfigError naming it."""
+    with _open_safetensors(Path(path)) as f:  # safe_open has checked the header against the file size
+        return {name: f.get_tensor(name) for name in f.keys()}
 
 
 # ---- reading a DCP checkpoint --------------------------------------------------------------------------------

@@ -1,9 +1,8 @@
 """Saving and loading training state with torch.distributed.checkpoint (DCP), under any layout.
 
-The state is a flat, layout-free dict: model parameters and AdamW moments by parameter name (DTensor shards,
-which DCP reshards on load for another dp/tp/pp/zero layout or world size), the step, the data position (samples
-consumed of the global stream), the loss scaler, and each rank's RNG state. A pipeline's copy of the tied head is
-stored under the embedding's name, so a checkpoint looks the same whichever stages a rank held.
+The state is layout-free: the model and its optimizer state by parameter name (`state.py`; DTensor shards, which
+DCP reshards on load for another dp/tp/pp/zero layout or world size), the step, the data position (samples
+consumed of the global stream), the loss scaler, and each rank's RNG state.
 """
 
 from __future__ import annotations
@@ -19,13 +18,12 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from omegaconf import DictConfig
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.tensor import DTensor
 
 from llmtrain.checkpoint import store
+from llmtrain.checkpoint.state import ModelState, OptimizerState
 from llmtrain.config import to_yaml
-from llmtrain.parallel.build import TIED_COPY, TIED_SOURCE
-
-MOMENTS = ("exp_avg", "exp_avg_sq")
 
 
 def _layout(cfg: DictConfig) -> dict:
@@ -46,6 +44,8 @@ def _local_bytes(state: dict) -> int:
     """Bytes this rank writes for `state` (its own shards)."""
     total = 0
     for value in state.values():
+        if isinstance(value, Stateful):
+            value = value.state_dict()
         if isinstance(value, dict):
             total += _local_bytes(value)
         elif torch.is_tensor(value):
@@ -54,13 +54,13 @@ def _local_bytes(state: dict) -> int:
     return total
 
 
-def _out_of_space(e: BaseException, folder: str, size: int) -> bool:
+def _out_of_space(e: BaseException, folder: str, state: dict) -> bool:
     if _disk_full(e):
         return True
     if isinstance(e, (KeyboardInterrupt, SystemExit)):
         return False
     free = _free_bytes(folder)
-    return free is not None and free < size
+    return free is not None and free < _local_bytes(state)
 
 
 def _disk_full(e: BaseException | None) -> bool:
@@ -88,7 +88,7 @@ class CheckpointManager:
         # Saves (async ones finish in a background thread) get their own gloo group, so their collectives never
         # interleave with training's on the default group.
         self.group = dist.new_group(backend="gloo")
-        self.pending = None  # (future, tmp_path, step, elapsed_s, t0, bytes this rank writes)
+        self.pending = None  # (future, tmp_path, step, elapsed_s, t0, state being written)
         self.saved: tuple[str, int] | None = None  # (path, step) of the newest checkpoint loaded or saved
         if self.rank == 0:
             self._remove_partials()
@@ -107,28 +107,13 @@ class CheckpointManager:
             return self.pending[1][: -len(".tmp")], self.pending[2]
         return self.saved
 
-    # ---- state -----------------------------------------------------------------------------------------------
+    # ---- state ----------------------------------------------------------------------------------------------
     def state_dict(self, trainer, for_load: bool = False, include_rng: bool = True) -> dict:
-        model_state, optim_state = {}, {}
-        names = {name for name, _ in trainer.model.named_parameters()}
-        for name, param in trainer.model.named_parameters():
-            key = name
-            if name == TIED_COPY and trainer.model.num_stages > 1:
-                if TIED_SOURCE in names:
-                    continue  # both ends on this rank: the embedding is saved, the copy restored from it
-                key = TIED_SOURCE
-            model_state[key] = param
-            state = trainer.optimizer.state.setdefault(param, {})
-            if for_load and not state:
-                # AdamW creates its state lazily; loading needs tensors of the right shard shape to fill.
-                state.update(step=torch.zeros((), dtype=torch.float32),
-                             **{m: torch.zeros_like(param) for m in MOMENTS})
-            for m in MOMENTS + ("step",):
-                if m in state:
-                    optim_state[f"{key}.{m}"] = state[m]
+        parts = getattr(trainer.model, "parts", [trainer.model])  # a ParallelModel's stages, or one plain module
         extra = {"step": trainer.step, "samples_seen": trainer.samples_seen, "tokens_seen": trainer.tokens_seen,
                  "scaler": trainer.scaler.state_dict()}
-        out = {"model": model_state, "optim": optim_state, "extra": extra}
+        out = {"model": ModelState(parts), "optim": OptimizerState(parts, trainer.optimizer, for_load),
+               "extra": extra}
         if include_rng:
             out["rng"] = {f"rank{self.rank}": torch.get_rng_state()}
         return out
@@ -145,18 +130,17 @@ class CheckpointManager:
         state = self.state_dict(trainer)
         elapsed = trainer.elapsed_s()
         t0 = time.perf_counter()
-        size = _local_bytes(state)
-        with self._one_line_if_disk_full(tmp, step, size):
+        with self._one_line_if_disk_full(tmp, step, state):
             if asynchronous:
                 future = dcp.async_save(state, checkpoint_id=tmp, process_group=self.group)
-                self.pending = (future, tmp, step, elapsed, t0, size)
+                self.pending = (future, tmp, step, elapsed, t0, state)
                 self.log(f"llmtrain: checkpoint step {step}: saving in the background", flush=True)
             else:
                 dcp.save(state, checkpoint_id=tmp, process_group=self.group)
                 self._finalize(tmp, step, elapsed, t0)
 
     @contextlib.contextmanager
-    def _one_line_if_disk_full(self, tmp: str, step: int, size: int):
+    def _one_line_if_disk_full(self, tmp: str, step: int, state: dict):
         """A full disk is one clear line (for the rank's status), not DCP's per-rank tracebacks; the partial
         folder goes (DCP has gathered every rank's failure, so no rank still writes into it), the previous
         checkpoint stays. torch.save's zip writer reports a full disk as a bare "unexpected pos" RuntimeError,
@@ -164,7 +148,7 @@ class CheckpointManager:
         try:
             yield
         except BaseException as e:
-            if not _out_of_space(e, os.path.dirname(tmp), size):
+            if not _out_of_space(e, os.path.dirname(tmp), state):
                 raise
             if self.rank == 0:
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -183,9 +167,9 @@ class CheckpointManager:
     def wait(self) -> None:
         if self.pending is None:
             return
-        future, tmp, step, elapsed, t0, size = self.pending
+        future, tmp, step, elapsed, t0, state = self.pending
         self.pending = None
-        with self._one_line_if_disk_full(tmp, step, size):
+        with self._one_line_if_disk_full(tmp, step, state):
             future.result()  # re-raises a failed write
             self._finalize(tmp, step, elapsed, t0)
 
@@ -208,19 +192,6 @@ class CheckpointManager:
         dist.barrier(group=self.group)
         self.saved = (tmp[: -len(".tmp")], step)
 
-    @torch.no_grad()
-    def _restore_tied_copy(self, trainer) -> None:
-        """When one rank holds both the embedding and the pipeline's head copy, the copy was not in the state
-        (same key): give it the embedding's value and moments."""
-        params = dict(trainer.model.named_parameters())
-        if trainer.model.num_stages == 1 or TIED_COPY not in params or TIED_SOURCE not in params:
-            return
-        src, dst = params[TIED_SOURCE], params[TIED_COPY]
-        dst.copy_(src)
-        src_state, dst_state = trainer.optimizer.state[src], trainer.optimizer.state.setdefault(dst, {})
-        for m, value in src_state.items():
-            dst_state[m] = value.clone()
-
     # ---- load ------------------------------------------------------------------------------------------------
     def load(self, trainer, path: str, prefix: str = "") -> None:
         """Restore `trainer` from the checkpoint at `path`; `prefix` starts the log line (a restart's number)."""
@@ -238,7 +209,6 @@ class CheckpointManager:
         trainer.tokens_seen = int(extra["tokens_seen"])
         trainer.scaler.load_state_dict(extra["scaler"])
         trainer.elapsed_before = float(meta.get("elapsed_s", 0.0))
-        self._restore_tied_copy(trainer)
         self.saved = (path, trainer.step)
         if same_layout:
             torch.set_rng_state(state["rng"][f"rank{self.rank}"])

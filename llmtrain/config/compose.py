@@ -10,6 +10,7 @@ from typing import Iterable, Sequence
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from llmtrain.config.derived import world_size
 from llmtrain.config.errors import ConfigError
 from llmtrain.config.schema import LLMTrainConfig
 
@@ -41,6 +42,7 @@ def compose_config(overrides: Sequence[str] = (), config_dirs: Iterable[str] = (
     hydra_overrides = list(overrides)
 
     GlobalHydra.instance().clear()
+    _store_schema_defaults()
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -59,6 +61,21 @@ def compose_config(overrides: Sequence[str] = (), config_dirs: Iterable[str] = (
     finally:
         GlobalHydra.instance().clear()
     return to_typed(raw)
+
+
+SCHEMA_NODE = "llmtrain_schema"
+
+
+def _store_schema_defaults() -> None:
+    """The schema's defaults as the first entry of config.yaml's defaults list: every key exists (and can be
+    overridden) without the YAML files repeating them. Stored as plain values with the config's own key names
+    (checkpoint.async); types are checked when the composed config is merged onto the schema (to_typed)."""
+    from hydra.core.config_store import ConfigStore
+
+    node = OmegaConf.to_container(OmegaConf.structured(LLMTrainConfig), resolve=False)
+    for (section, key), field_name in _KEYWORD_KEYS.items():
+        node[section][key] = node[section].pop(field_name)
+    ConfigStore.instance().store(name=SCHEMA_NODE, node=node)
 
 
 def config_groups(config_dirs: Iterable[Path]) -> set[str]:
@@ -109,7 +126,8 @@ _KEYWORD_KEYS = {("checkpoint", "async"): "async_save"}
 
 
 def to_typed(raw: DictConfig) -> DictConfig:
-    """Merge onto the schema (unknown keys, wrong types) and resolve interpolations."""
+    """Merge onto the schema (unknown keys, wrong types) and resolve interpolations. The result stays typed (a
+    structured config of LLMTrainConfig): assigning a wrong type or an unknown key later fails too."""
     raw = OmegaConf.create(OmegaConf.to_container(raw, resolve=False))
     for (section, key), field_name in _KEYWORD_KEYS.items():
         if section in raw and isinstance(raw[section], DictConfig) and key in raw[section]:
@@ -120,16 +138,13 @@ def to_typed(raw: DictConfig) -> DictConfig:
     except OmegaConfBaseException as e:
         raise _omegaconf_error(e) from None
     _fill_defaults(typed)
-    plain = OmegaConf.create(OmegaConf.to_container(typed))
-    for (section, key), field_name in _KEYWORD_KEYS.items():
-        plain[section][key] = plain[section].pop(field_name)
-    return plain
+    return typed
 
 
 def _fill_defaults(cfg: DictConfig) -> None:
     if cfg.cluster.nproc_per_node is None:
         cfg.cluster.nproc_per_node = _nproc_from_hostfile(cfg.cluster)
-    world = cfg.cluster.nnodes * cfg.cluster.nproc_per_node
+    world = world_size(cfg)
     p = cfg.parallel
     if p.dp is None and p.tp > 0 and p.pp > 0 and world % (p.tp * p.pp) == 0:
         p.dp = world // (p.tp * p.pp)
@@ -164,8 +179,17 @@ def load_run_config(path: str | os.PathLike) -> DictConfig:
     return to_typed(raw)
 
 
+def to_plain(cfg: DictConfig) -> dict:
+    """The config as a dict with the keys users write (checkpoint.async, not the schema's async_save)."""
+    plain = OmegaConf.to_container(cfg)
+    for (section, key), field_name in _KEYWORD_KEYS.items():
+        if field_name in plain.get(section, {}):
+            plain[section][key] = plain[section].pop(field_name)
+    return plain
+
+
 def to_yaml(cfg: DictConfig) -> str:
-    return OmegaConf.to_yaml(cfg)
+    return OmegaConf.to_yaml(to_plain(cfg))
 
 
 def _first_line(text: str) -> str:

@@ -1,13 +1,32 @@
-"""Typed schema of the resolved config.
+"""Typed schema of the resolved config, and the one home of every default and every allowed value.
 
 Composed YAML is merged onto these dataclasses (OmegaConf structured configs), so an unknown key or a value of the
-wrong type fails with the key's full name before anything starts. Cross-field rules live in validate.py.
+wrong type fails with the key's full name before anything starts. A field with a fixed set of values declares it
+with `choice()` (OmegaConf 2.3 takes neither Literal nor Enums of values such as "1f1b"); validate.py checks every
+such field, and code that needs the set reads it with `choices_of()`. Cross-field rules live in validate.py.
+Group YAML files (configs/) hold only what their option changes.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from dataclasses import dataclass, field, fields
+from typing import Any, Dict, List, Optional
+
+
+def choice(default: Any, *allowed: Any) -> Any:
+    """A field whose value must be one of `allowed`; a None default makes None allowed too (an optional field)."""
+    return field(default=default, metadata={"choices": allowed + ((None,) if default is None else ())})
+
+
+def choices_of(section: type, name: str) -> tuple:
+    """The allowed values of a choice() field."""
+    return next(f.metadata["choices"] for f in fields(section) if f.name == name)
+
+
+# Pipeline schedules that run one stage per rank; every other schedule runs several (parallel.virtual_stages).
+SINGLE_STAGE_SCHEDULES = ("gpipe", "1f1b")
+V_SHAPED_SCHEDULES = ("zbv", "dualpipe_v")  # exactly two stages per rank
+DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclass
@@ -37,12 +56,13 @@ class ParallelConfig:
     tp: int = 1
     pp: int = 1
     sequence_parallel: bool = False
-    pp_schedule: str = "1f1b"
+    pp_schedule: str = choice("1f1b", *SINGLE_STAGE_SCHEDULES, "interleaved_1f1b", "looped_bfs", "zero_bubble",
+                              *V_SHAPED_SCHEDULES)
     virtual_stages: int = 1
     # Layers per pipeline stage (length pp * virtual_stages); null = as even as possible.
     pp_layers: Optional[List[int]] = None
     # 0 = replicate (DDP-like), 2 = shard grads + optimizer state, 3 = also shard parameters.
-    zero: int = 0
+    zero: int = choice(0, 0, 2, 3)
     # Size of the sharding group inside dp (hybrid sharding); null = all of dp.
     dp_shard: Optional[int] = None
 
@@ -75,11 +95,10 @@ class TrainConfig:
 
 @dataclass
 class DataConfig:
-    # synthetic | memmap | stdlib
-    name: str = "stdlib"
+    name: str = choice("stdlib", "synthetic", "memmap", "stdlib")
     path: Optional[str] = None
     # Token dtype of a memmap file; null = read from the FILE.json written by `llmtrain data prepare`, else uint16.
-    dtype: Optional[str] = None
+    dtype: Optional[str] = choice(None, "uint16", "uint32")
     val_fraction: float = 0.05
     # stdlib corpus size cap in bytes (one token per byte).
     max_bytes: int = 16_000_000
@@ -87,12 +106,11 @@ class DataConfig:
 
 @dataclass
 class PrecisionConfig:
-    # fp32 | bf16 | fp16
-    name: str = "fp32"
+    name: str = choice("fp32", "fp32", "bf16", "fp16")
     # dtype matmuls run in (autocast / FSDP2 param_dtype); master weights and optimizer state stay fp32.
-    compute_dtype: str = "float32"
+    compute_dtype: str = choice("float32", *DTYPES)
     # dtype of gradient reduction across data-parallel ranks.
-    reduce_dtype: str = "float32"
+    reduce_dtype: str = choice("float32", *DTYPES)
     # Dynamic loss scaling, used by fp16 only.
     init_scale: float = 65536.0
     growth_factor: float = 2.0
@@ -102,7 +120,7 @@ class PrecisionConfig:
 
 @dataclass
 class LoggingConfig:
-    # Also write TensorBoard event files to RUN_DIR/tensorboard (no tensorboard package needed to write them).
+    # Also write TensorBoard event files to RUN_DIR/tensorboard (needs the tensorboard extra).
     tensorboard: bool = False
 
 
@@ -136,7 +154,7 @@ class HardwareConfig:
 @dataclass
 class RecomputeConfig:
     # none | full (whole blocks) | selective (attention core only)
-    mode: str = "none"
+    mode: str = choice("none", "none", "full", "selective")
     # Recompute every N-th block (by global layer index); 1 = all.
     every: int = 1
 
@@ -145,14 +163,14 @@ class RecomputeConfig:
 class OptimConfig:
     # AdamW kernel: auto (torch's fused=True on CUDA, the plain per-parameter loop on CPU), none (plain loop),
     # torch (fused=True; CUDA and CPU), apex (apex FusedAdam + FusedLayerNorm; needs NVIDIA apex, dp=1 tp=1).
-    fused: str = "auto"
+    fused: str = choice("auto", "auto", "none", "torch", "apex")
 
 
 @dataclass
 class ContainerConfig:
     # none | pyxis (Slurm's srun --container-image) | apptainer (`apptainer exec` around each node's command;
     # slurm and ssh).
-    runtime: str = "none"
+    runtime: str = choice("none", "none", "pyxis", "apptainer")
     # pyxis: an enroot URI (nvcr.io#nvidia/pytorch:24.05-py3) or a .sqsh path; apptainer: a .sif path or docker:// URI.
     image: Optional[str] = None
     # SRC:DST[:FLAGS] bind mounts; the working and run directories are mounted at their own paths anyway.
@@ -168,7 +186,7 @@ class ContainerConfig:
 @dataclass
 class ClusterConfig:
     # local (this node) | ssh (hosts of a hostfile) | slurm (sbatch)
-    name: str = "local"
+    name: str = choice("local", "local", "ssh", "slurm")
     nnodes: int = 1
     # null (cluster=ssh's default): the slots of the hostfile's hosts, which must all be the same.
     nproc_per_node: Optional[int] = 2
@@ -220,8 +238,8 @@ class NetworkConfig:
 
 @dataclass
 class RunConfig:
-    name: str = "run"
-    dir: str = "runs/run"
+    name: str = "${model.name}"
+    dir: str = "runs/${run.name}"
     # A launch that would start a different run in a used run.dir moves the earlier one to RUN_DIR/previous/.
     overwrite: bool = False
 
@@ -285,5 +303,4 @@ class LLMTrainConfig:
     doctor: DoctorConfig = field(default_factory=DoctorConfig)
     # Extra environment variables for every worker (added on top of network.env).
     env: Dict[str, str] = field(default_factory=dict)
-    # auto | cpu | cuda
-    device: str = "auto"
+    device: str = choice("auto", "auto", "cpu", "cuda")

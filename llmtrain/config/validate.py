@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from omegaconf import DictConfig
 
+from llmtrain.config.derived import Derived, padded_vocab_size, world_size
 from llmtrain.config.errors import ConfigError
+from llmtrain.config.schema import SINGLE_STAGE_SCHEDULES, V_SHAPED_SCHEDULES, LLMTrainConfig
 
 
-def padded_vocab_size(model_cfg) -> int:
-    """Embedding rows: vocab_size rounded up to model.vocab_pad_multiple."""
-    m = model_cfg.vocab_pad_multiple
-    return -(-model_cfg.vocab_size // m) * m
-
-DEVICES = ("auto", "cpu", "cuda")
-PRECISIONS = ("fp32", "bf16", "fp16")
 # apex amp's opt levels: their configs stay so that asking for them gets this answer instead of "no such option".
 RETIRED_PRECISIONS = ("apex-o1", "apex-o2")
 APEX_AMP_GONE = ("current NVIDIA apex has no amp (apex.amp was removed); precision=fp16 is the O1 recipe "
@@ -21,20 +18,10 @@ APEX_AMP_GONE = ("current NVIDIA apex has no amp (apex.amp was removed); precisi
                  "(no loss scaling needed)")
 APEX_EXTENSIONS = ("amp_C", "fused_layer_norm_cuda")  # FusedAdam's and FusedLayerNorm's kernels
 APEX_BUILD = ("git clone https://github.com/NVIDIA/apex && cd apex && APEX_CUDA_EXT=1 pip install -v "
-              "--no-build-isolation . (the README's 'NVIDIA apex' part builds just these two); or use "
+              "--no-build-isolation . (README, 'Fused AdamW and NVIDIA apex': a build of just these two); or use "
               "optim.fused=auto (torch's fused AdamW on CUDA, no build)")
 APEX_INSTALL = ("NVIDIA apex is not installed (it is not on PyPI); optim.fused=apex needs its CUDA extensions "
                 f"{' and '.join(APEX_EXTENSIONS)}: {APEX_BUILD}")
-FUSED = ("auto", "none", "torch", "apex")
-RECOMPUTE_MODES = ("none", "full", "selective")
-DTYPES = ("float32", "bfloat16", "float16")
-DATA_SOURCES = ("synthetic", "memmap", "stdlib")
-TOKEN_DTYPES = ("uint16", "uint32")
-ZERO_LEVELS = (0, 2, 3)
-# Schedules that run one stage per rank, and those that need virtual_stages >= 2 (several stages per rank).
-SINGLE_STAGE_SCHEDULES = ("gpipe", "1f1b")
-MULTI_STAGE_SCHEDULES = ("interleaved_1f1b", "looped_bfs", "zero_bubble", "zbv", "dualpipe_v")
-V_SHAPED_SCHEDULES = ("zbv", "dualpipe_v")  # exactly two stages per rank
 
 
 def _require(ok: bool, key: str, message: str) -> None:
@@ -59,6 +46,8 @@ def _non_negative(cfg: DictConfig, *keys: str) -> None:
 
 def validate(cfg: DictConfig) -> None:
     """Raise ConfigError for the first rule the config breaks."""
+    _validate_precision_retired(cfg)
+    _validate_choices(cfg, LLMTrainConfig, "")
     _validate_cluster(cfg)  # first: the world size every later rule divides
     _validate_model(cfg)
     _validate_parallel(cfg)
@@ -67,6 +56,18 @@ def validate(cfg: DictConfig) -> None:
     _validate_precision(cfg)
     _validate_hardware(cfg)
     _validate_recompute_and_optim(cfg)
+    _validate_logging(cfg)
+
+
+def _validate_choices(node, schema: type, prefix: str) -> None:
+    """Every choice() field of the schema (see schema.py) holds one of its values."""
+    for f in dataclasses.fields(schema):
+        if dataclasses.is_dataclass(f.default_factory):
+            _validate_choices(node[f.name], f.default_factory, f"{prefix}{f.name}.")
+        elif "choices" in f.metadata:
+            value, allowed = node[f.name], f.metadata["choices"]
+            _require(value in allowed, f"{prefix}{f.name}",
+                     f"must be one of {', '.join(str(a) for a in allowed if a is not None)} (got {value})")
 
 
 def apex_missing() -> str | None:
@@ -94,9 +95,7 @@ def _validate_apex_layout(cfg: DictConfig) -> None:
 
 def _validate_recompute_and_optim(cfg: DictConfig) -> None:
     r, o = cfg.recompute, cfg.optim
-    _require(r.mode in RECOMPUTE_MODES, "recompute.mode", f"must be one of {RECOMPUTE_MODES} (got {r.mode})")
     _require(r.every >= 1, "recompute.every", f"must be >= 1 (got {r.every})")
-    _require(o.fused in FUSED, "optim.fused", f"must be one of {FUSED} (got {o.fused})")
     if o.fused == "apex":
         _validate_apex_layout(cfg)
         missing = apex_missing()
@@ -114,6 +113,14 @@ def _validate_recompute_and_optim(cfg: DictConfig) -> None:
 
         _require(shutil.which("nsys") is not None, "profile.nsys",
                  "nsys (Nsight Systems) is not on PATH; install it from NVIDIA or set profile.nsys=false")
+
+
+def _validate_logging(cfg: DictConfig) -> None:
+    if cfg.logging.tensorboard:
+        from llmtrain.report.tensorboard import tensorboard_missing
+
+        missing = tensorboard_missing()
+        _require(missing is None, "logging.tensorboard", missing)
 
 
 def _validate_model(cfg: DictConfig) -> None:
@@ -137,7 +144,7 @@ def _validate_model(cfg: DictConfig) -> None:
 def _validate_parallel(cfg: DictConfig) -> None:
     p, m = cfg.parallel, cfg.model
     _positive(cfg, "parallel.tp", "parallel.pp", "parallel.virtual_stages")
-    world = cfg.cluster.nnodes * cfg.cluster.nproc_per_node
+    world = world_size(cfg)
     if p.dp is None:
         _require(world % (p.tp * p.pp) == 0, "parallel.tp",
                  f"world size {world} (cluster.nnodes x cluster.nproc_per_node) is not divisible by "
@@ -157,16 +164,12 @@ def _validate_parallel(cfg: DictConfig) -> None:
         _require(m.seq_len % p.tp == 0, "parallel.sequence_parallel",
                  f"sequence parallel needs model.seq_len={m.seq_len} divisible by parallel.tp={p.tp}")
 
-    _require(p.zero in ZERO_LEVELS, "parallel.zero", f"must be one of {ZERO_LEVELS} (got {p.zero})")
     if p.dp_shard is not None:
         _require(p.dp_shard > 0 and p.dp % p.dp_shard == 0, "parallel.dp_shard",
                  f"dp_shard={p.dp_shard} must divide parallel.dp={p.dp}")
         _require(p.zero in (2, 3) or p.dp_shard == 1, "parallel.dp_shard",
                  "hybrid sharding needs parallel.zero=2 or 3 (zero=0 replicates everything)")
 
-    schedules = SINGLE_STAGE_SCHEDULES + MULTI_STAGE_SCHEDULES
-    _require(p.pp_schedule in schedules, "parallel.pp_schedule",
-             f"unknown schedule '{p.pp_schedule}' (choose from {', '.join(schedules)})")
     v = p.virtual_stages
     if p.pp_schedule in SINGLE_STAGE_SCHEDULES:
         _require(v == 1, "parallel.virtual_stages",
@@ -211,11 +214,11 @@ def _validate_train(cfg: DictConfig) -> None:
              f"global_batch_size={t.global_batch_size} must equal micro_batch_size x accumulation x dp; "
              f"it is not a multiple of micro_batch_size x dp = {t.micro_batch_size} x {p.dp} = {per_step}")
     if p.pp > 1:
-        micro = t.global_batch_size // per_step
+        micro = Derived.of(cfg).micro_batches
         _require(micro >= p.pp, "train.global_batch_size",
                  f"pipeline needs at least pp={p.pp} micro-batches per step to fill its stages; "
                  f"global_batch_size / (micro_batch_size x dp) = {micro}")
-        if p.pp_schedule in MULTI_STAGE_SCHEDULES and p.pp_schedule not in V_SHAPED_SCHEDULES:
+        if p.pp_schedule not in SINGLE_STAGE_SCHEDULES + V_SHAPED_SCHEDULES:
             _require(micro % p.pp == 0, "train.global_batch_size",
                      f"schedule {p.pp_schedule} needs micro-batches per step ({micro}) divisible by pp={p.pp}")
 
@@ -229,10 +232,7 @@ def _validate_data(cfg: DictConfig) -> None:
     from llmtrain.data.tokenfile import check_split_sizes, check_token_file
 
     d = cfg.data
-    _require(d.name in DATA_SOURCES, "data.name", f"unknown data source '{d.name}' (choose from {DATA_SOURCES})")
     _require(0.0 < d.val_fraction < 1.0, "data.val_fraction", f"must be in (0, 1) (got {d.val_fraction})")
-    if d.dtype is not None:
-        _require(d.dtype in TOKEN_DTYPES, "data.dtype", f"must be one of {TOKEN_DTYPES} (got {d.dtype})")
     t, m = cfg.train, cfg.model
     need_val = bool(t.eval_interval and t.eval_steps)  # the trainer evaluates only then
     try:
@@ -271,12 +271,13 @@ def _validate_hardware(cfg: DictConfig) -> None:
     if hw.name != "auto":
         check_dtype(dict(hw.peak_tflops), hw.name, cfg.precision.compute_dtype)
 
+def _validate_precision_retired(cfg: DictConfig) -> None:
+    name = cfg.precision.name
+    _require(name not in RETIRED_PRECISIONS, "precision", f"{name} is retired: {APEX_AMP_GONE}")
+
+
 def _validate_precision(cfg: DictConfig) -> None:
     pr = cfg.precision
-    _require(pr.name not in RETIRED_PRECISIONS, "precision", f"{pr.name} is retired: {APEX_AMP_GONE}")
-    _require(pr.name in PRECISIONS, "precision.name", f"unknown precision '{pr.name}' (choose from {PRECISIONS})")
-    for key in ("compute_dtype", "reduce_dtype"):
-        _require(pr[key] in DTYPES, f"precision.{key}", f"must be one of {DTYPES} (got {pr[key]})")
     if pr.name == "fp16":
         _require(pr.init_scale > 0, "precision.init_scale", f"must be > 0 (got {pr.init_scale})")
         _require(pr.growth_factor > 1.0, "precision.growth_factor", f"must be > 1 (got {pr.growth_factor})")
@@ -290,16 +291,12 @@ def _validate_cluster(cfg: DictConfig) -> None:
     _positive(cfg, "cluster.nnodes", "cluster.nproc_per_node")
     _require(0 <= c.node_rank < c.nnodes, "cluster.node_rank", f"must be in [0, {c.nnodes}) (got {c.node_rank})")
     _require(0 <= c.master_port < 65536, "cluster.master_port", f"must be a port number (got {c.master_port})")
-    _require(cfg.device in DEVICES, "device", f"must be one of {DEVICES} (got {cfg.device})")
     _require(cfg.launch.max_restarts >= 0, "launch.max_restarts", f"must be >= 0 (got {cfg.launch.max_restarts})")
     _require(cfg.launch.pg_timeout_s > 0, "launch.pg_timeout_s", f"must be > 0 (got {cfg.launch.pg_timeout_s})")
     _require(cfg.launch.rendezvous_timeout_s > 0, "launch.rendezvous_timeout_s",
              f"must be > 0 (got {cfg.launch.rendezvous_timeout_s})")
     _require(cfg.checkpoint.interval >= 0, "checkpoint.interval", f"must be >= 0 (got {cfg.checkpoint.interval})")
     _require(cfg.checkpoint.keep >= 1, "checkpoint.keep", f"must be >= 1 (got {cfg.checkpoint.keep})")
-    from llmtrain.launch.backend import BACKENDS
-
-    _require(c.name in BACKENDS, "cluster.name", f"unknown cluster backend '{c.name}' (choose from {BACKENDS})")
     if c.name == "ssh":
         from llmtrain.launch.hostfile import cluster_hosts
 

@@ -6,11 +6,9 @@ arguments, so any rank can fetch any sample without coordination.
 
 from __future__ import annotations
 
-import os
 import sys
 
 import torch
-from omegaconf.errors import MissingMandatoryValue
 
 from .corpus import ensure_stdlib_corpus
 from .errors import DataError
@@ -123,10 +121,6 @@ class MemmapDataset(TokenDataset):
     ):
         if dtype not in TOKEN_DTYPES:
             raise DataError("data.dtype", f"must be one of {', '.join(TOKEN_DTYPES)}, got {dtype!r}")
-        if not 0.0 < val_fraction < 1.0:
-            raise DataError("data.val_fraction", f"must be in (0, 1), got {val_fraction}")
-        if seq_len < 1:
-            raise DataError("model.seq_len", f"must be >= 1, got {seq_len}")
         if sys.byteorder != "little":
             raise DataError("data.path", "token files are little-endian; this host is big-endian")
         info = inspect_token_file(path, dtype)
@@ -189,50 +183,26 @@ class MemmapDataset(TokenDataset):
 def build_dataset(data_cfg, model_cfg, seed: int) -> TokenDataset:
     """The dataset named by data_cfg.name, checked against the model's seq_len and vocab_size.
 
-    The launcher runs the same checks (llmtrain.data.tokenfile) before any worker starts; these
-    are the second line of defence. The val region is only required when a val sample is read.
+    The config was validated before launch (names, fractions, sizes, and the token file itself through
+    llmtrain.data.tokenfile); what is checked here is what may have changed since: the file on disk. The val
+    region is only required when a val sample is read.
     """
-    name = _cfg(data_cfg, "name")
+    name = data_cfg.name
     seq_len = int(model_cfg.seq_len)
     model_vocab = int(model_cfg.vocab_size)
 
     if name == "synthetic":
         return SyntheticDataset(seq_len, model_vocab, seed)
-    if name == "stdlib":
-        path = _cfg(data_cfg, "path") or default_stdlib_path()
-        path = ensure_stdlib_corpus(path, _cfg(data_cfg, "max_bytes", 16_000_000))
-    elif name == "memmap":
-        path = _cfg(data_cfg, "path")
-        if not path:
-            raise DataError("data.path", "required with data.name=memmap (a token file from `llmtrain data prepare`)")
-    else:
-        raise DataError("data.name", f"unknown dataset {name!r}; choose one of {', '.join(DATASET_NAMES)}")
-
-    info = inspect_token_file(str(path), _cfg(data_cfg, "dtype"))
+    path = ensure_stdlib_corpus(data_cfg.path, data_cfg.max_bytes) if name == "stdlib" else data_cfg.path
+    info = inspect_token_file(str(path), data_cfg.dtype)
     check_vocab(info, model_vocab)
     return MemmapDataset(
         info.path,
         info.dtype,
         seq_len,
-        float(_cfg(data_cfg, "val_fraction", 0.05)),
+        float(data_cfg.val_fraction),
         vocab_size=info.vocab_size,
         token_limit=None if info.vocab_size is not None else model_vocab,
         require_val=False,
     )
 
-
-def default_stdlib_path() -> str:
-    """Same default as configs/data/stdlib.yaml: $LLMTRAIN_CACHE or ~/.cache/llmtrain."""
-    cache = os.environ.get("LLMTRAIN_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "llmtrain")
-    return os.path.join(cache, "stdlib-bytes.bin")
-
-
-def _cfg(cfg, key: str, default=None):
-    """cfg.key for dataclasses, dicts and DictConfigs; a missing or '???' value reads as default."""
-    if isinstance(cfg, dict):
-        return cfg.get(key, default)
-    try:
-        value = getattr(cfg, key, default)
-    except MissingMandatoryValue:
-        return default
-    return default if value is None else value

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from llmtrain.jobs.record import read_launches
 from llmtrain.jobs.slurm_query import SlurmJob, query
 from llmtrain.launch.failures import rank_statuses
+from llmtrain.launch.placement import describe_rank
 from llmtrain.launch.run_lock import LOCK_NAME, holder_gone
 
 RUNNING, PENDING, UNKNOWN = "running", "pending", "unknown"
@@ -112,7 +113,7 @@ def _ended(run_dir: str, launch: dict, slurm: SlurmJob | None) -> tuple[str, str
         return INTERRUPTED, "stopped by Ctrl-C or llmtrain cancel --now (the launcher exited 130)"
     if errors:
         error = (statuses[errors[0]].get("error") or "").strip().splitlines()
-        return FAILED, f"rank {errors[0]} failed" + (f": {error[0]}" if error else "")
+        return FAILED, f"{describe_rank(run_dir, errors[0])} failed" + (f": {error[0]}" if error else "")
     if owned and launch.get("ended") is None:
         return INTERRUPTED, "its launcher ended without recording how (it was killed)"
     if preempted or code == LAUNCHER_PREEMPTED or (slurm and slurm.state == "PREEMPTED"):

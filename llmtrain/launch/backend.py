@@ -125,9 +125,6 @@ def worker_env(cfg: DictConfig) -> dict[str, str]:
     return env
 
 
-BACKENDS = ("local", "ssh", "slurm")
-
-
 def get_backend(cfg: DictConfig, run_dir: str, worker_module: str = "llmtrain.worker") -> Backend:
     from llmtrain.launch.local import LocalBackend
     from llmtrain.launch.slurm import SlurmBackend

@@ -23,7 +23,6 @@ from llmtrain.config.errors import ConfigError
 from llmtrain.launch.backend import node_python
 from llmtrain.launch.node_setup import setup_statements
 
-RUNTIMES = ("none", "pyxis", "apptainer")
 # Backends each runtime works with: pyxis is a Slurm plugin (srun options); apptainer wraps any remote command.
 BACKENDS = {"pyxis": ("slurm",), "apptainer": ("slurm", "ssh")}
 
@@ -104,8 +103,6 @@ def host_python(cfg) -> str:
 def check_container(cfg) -> None:
     """cluster.container's rules, before anything is submitted; raises ConfigError naming the key."""
     c, name = cfg.cluster.container, cfg.cluster.name
-    _require(c.runtime in RUNTIMES, "cluster.container.runtime",
-             f"must be one of {', '.join(RUNTIMES)} (got {c.runtime})")
     if c.runtime == "none":
         _require(not c.image, "cluster.container.image",
                  f"is set ({c.image}) but cluster.container.runtime is none: choose pyxis or apptainer")

@@ -90,8 +90,9 @@ def prepare_data(cfg: DictConfig) -> None:
         ensure_stdlib_corpus(cfg.data.path, cfg.data.max_bytes)
 
 
-def check_resume(cfg: DictConfig, console: Console) -> None:
-    """Before anything starts: the checkpoint to resume from, and what differs from its config."""
+def check_resume(cfg: DictConfig, console: Console) -> str | None:
+    """Before anything starts: the checkpoint to resume from (returned; None: a fresh start), and what differs
+    from its config."""
     from llmtrain.checkpoint import store
     from llmtrain.checkpoint.diff import check_resumable
     from llmtrain.config import load_run_config
@@ -111,7 +112,7 @@ def check_resume(cfg: DictConfig, console: Console) -> None:
         console.print(f"llmtrain: ignoring incomplete checkpoint {info.path} (its save did not finish)",
                       markup=False, highlight=False)
     if path is None:
-        return
+        return None
     probe = cfg.copy()
     probe.run.dir = run_dir
     diff = check_resumable(old, probe, path)
@@ -119,6 +120,7 @@ def check_resume(cfg: DictConfig, console: Console) -> None:
                   markup=False, highlight=False)
     for key, before, after in diff:
         console.print(f"  {key}: {before} -> {after}", markup=False, highlight=False)
+    return path
 
 
 def launch(cfg: DictConfig) -> int:
@@ -135,7 +137,8 @@ def launch(cfg: DictConfig) -> int:
     try:
         if took_over:
             console.print(f"llmtrain: {took_over}", markup=False, highlight=False)
-        check_resume(cfg, console)
+        # The workers start from the checkpoint chosen here, not from their own reading of checkpoint.resume.
+        cfg.checkpoint.resume = check_resume(cfg, console) or "none"
         prepare_data(cfg)
         try:
             prepare_run_dir(cfg)

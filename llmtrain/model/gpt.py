@@ -33,7 +33,7 @@ class GPTArgs:
 
     @classmethod
     def from_config(cls, model_cfg) -> "GPTArgs":
-        from llmtrain.config.validate import padded_vocab_size
+        from llmtrain.config.derived import padded_vocab_size
 
         return cls(n_layers=model_cfg.n_layers, n_heads=model_cfg.n_heads, d_model=model_cfg.d_model,
                    vocab_size=padded_vocab_size(model_cfg), seq_len=model_cfg.seq_len, head_dim=model_cfg.head_dim,

@@ -14,6 +14,7 @@ from torch.distributed.pipelining import PipelineStage
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
+from llmtrain.config.derived import Derived, torch_dtype
 from llmtrain.model import GPT, GPTArgs, init_parameters
 from llmtrain.parallel import pipeline as pp_lib
 from llmtrain.parallel.data_parallel import apply_data_parallel
@@ -22,7 +23,6 @@ from llmtrain.parallel.recompute import apply_recompute
 from llmtrain.parallel.mesh import Meshes
 from llmtrain.parallel.tensor_parallel import apply_tensor_parallel
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 TIED_COPY = "head.weight"  # on a last pipeline stage that does not also hold the embedding
 TIED_SOURCE = "embed.tok.weight"
 CHECKPOINT_PREFIX = "_checkpoint_wrapped_module."  # added by full recompute's checkpoint_wrapper
@@ -117,9 +117,9 @@ def build_parallel_model(cfg: DictConfig, dims: ParallelDims, mesh: Meshes, devi
     with torch.device("meta"):
         whole = GPT(args)
     pp = cfg.parallel
-    param_dtype = _DTYPES[cfg.precision.compute_dtype]
+    param_dtype = torch_dtype(cfg.precision.compute_dtype)
     param_dtype = None if param_dtype == torch.float32 else param_dtype
-    reduce_dtype = _DTYPES[cfg.precision.reduce_dtype]
+    reduce_dtype = torch_dtype(cfg.precision.reduce_dtype)
     pretrained = None
     if cfg.model.init_from:
         from llmtrain.checkpoint.export import load_pretrained
@@ -159,8 +159,7 @@ def build_parallel_model(cfg: DictConfig, dims: ParallelDims, mesh: Meshes, devi
         loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
         return loss * model.pipeline_loss_scale
 
-    n_micro = cfg.train.global_batch_size // (cfg.train.micro_batch_size * dims.dp)
-    model.pipeline = pp_lib.build_schedule(stages, pp.pp_schedule, n_micro, loss_fn)
+    model.pipeline = pp_lib.build_schedule(stages, pp.pp_schedule, Derived.of(cfg).micro_batches, loss_fn)
     return model
 
 

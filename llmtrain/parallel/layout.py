@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llmtrain.config.validate import V_SHAPED_SCHEDULES
+from llmtrain.config.schema import V_SHAPED_SCHEDULES
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,6 @@ from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.utils.checkpoint import checkpoint
 
-MODES = ("none", "full", "selective")
-
 
 def apply_recompute(model: nn.Module, mode: str, every: int) -> None:
     if mode == "none":

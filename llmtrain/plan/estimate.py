@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from llmtrain.config.validate import MULTI_STAGE_SCHEDULES, padded_vocab_size
+from llmtrain.config.schema import SINGLE_STAGE_SCHEDULES
+from llmtrain.config.validate import padded_vocab_size
 from llmtrain.parallel import layout as pp_lib
 from llmtrain.plan import cuda_memory
 from llmtrain.parallel.layout import ParallelDims
@@ -139,7 +140,7 @@ def in_flight(cfg, stage_rank: int, micro: int) -> float:
     if p.pp_schedule == "gpipe":
         return float(micro)
     base = float(min(micro, p.pp - stage_rank))
-    if p.pp_schedule in MULTI_STAGE_SCHEDULES:
+    if p.pp_schedule not in SINGLE_STAGE_SCHEDULES:
         base *= 1 + (p.pp - 1) / (p.pp * p.virtual_stages)  # Narayanan et al. 2021, interleaved schedule
     return base
 

@@ -17,7 +17,8 @@ def add_report_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None, metavar="DIR",
                         help="where the PNGs go (default RUN_DIR/report); needs matplotlib (pip install matplotlib)")
     parser.add_argument("--tensorboard", action="store_true",
-                        help="also export metrics.jsonl as TensorBoard event files to OUT/tensorboard")
+                        help="also export metrics.jsonl as TensorBoard event files to OUT/tensorboard; needs the "
+                             "tensorboard extra (pip install 'llmtrain[tensorboard]')")
 
 
 # ---------------------------------------------------------------------------------------------------- formatting
@@ -210,23 +211,27 @@ def plot_all(rows: list[dict], out_dir: str, title: str) -> list[str]:
 
 def export_tensorboard(rows: list[dict], log_dir: str, metrics_path: str) -> tuple[str, int]:
     """Write `rows` as an event file in log_dir: train rows as train/KEY, eval rows as val/KEY (val_loss ->
-    val/loss). Wall times are reconstructed from elapsed_s and the metrics file's modification time."""
-    from llmtrain.report.tensorboard import TensorBoardWriter, read_events
+    val/loss). Wall times are reconstructed from elapsed_s and the metrics file's modification time. Returns the
+    file and how many train and val rows went into it."""
+    from llmtrain.report.tensorboard import TensorBoardWriter
 
     elapsed = [v for v in (_num(r, "elapsed_s") for r in rows) if v is not None]
     start = os.path.getmtime(metrics_path) - (max(elapsed) if elapsed else 0.0)
-    with TensorBoardWriter(log_dir) as writer:
+    written = 0
+    with TensorBoardWriter(log_dir, key="--tensorboard") as writer:
         for r in rows:
             if not isinstance(r.get("step"), int):
                 continue
             wall = start + _num(r, "elapsed_s") if _num(r, "elapsed_s") is not None else None
+            groups = []  # a row may hold both a train step and an eval
             if _num(r, "loss") is not None:
-                writer.add_scalars(r["step"], {f"train/{k}": v for k, v in r.items()
-                                               if k not in ("step", "val_loss")}, wall_time=wall)
+                groups.append({f"train/{k}": v for k, v in r.items() if k not in ("step", "val_loss")})
             if _num(r, "val_loss") is not None:
-                writer.add_scalars(r["step"], {"val/loss": r["val_loss"]}, wall_time=wall)
-        path = writer.path
-    return path, sum(1 for e in read_events(path) if e["scalars"])
+                groups.append({"val/loss": r["val_loss"]})
+            for values in groups:
+                if writer.add_scalars(r["step"], values, wall_time=wall):
+                    written += 1
+    return writer.path, written
 
 
 # ---------------------------------------------------------------------------------------------------- command
@@ -247,7 +252,13 @@ def run_report(args) -> int:
 
     summary = summarize(run_dir, rows, cfg)
     title = summary[0][1]
-    _pyplot()  # fail on a missing matplotlib before printing anything
+    _pyplot()  # fail on a missing matplotlib (or tensorboard) before printing anything
+    if getattr(args, "tensorboard", False):
+        from llmtrain.report.tensorboard import tensorboard_missing
+
+        missing = tensorboard_missing()
+        if missing:
+            raise ConfigError("--tensorboard", missing)
     os.makedirs(out_dir, exist_ok=True)
     paths = plot_all(rows, out_dir, title)
 
@@ -264,5 +275,6 @@ def run_report(args) -> int:
     if getattr(args, "tensorboard", False):
         tb_dir = os.path.join(out_dir, "tensorboard")
         path, n = export_tensorboard(rows, tb_dir, metrics_path)
-        console.print(f"tensorboard: {n} events in {path} (view: tensorboard --logdir {tb_dir})", highlight=False)
+        console.print(f"tensorboard: {n} train/val rows in {path} (view: tensorboard --logdir {tb_dir})",
+                      highlight=False)
     return 0

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch.distributed.tensor import DTensor
 
+from llmtrain.config.derived import Derived, torch_dtype
 from llmtrain.checkpoint import store
 from llmtrain.checkpoint.manager import CheckpointManager
 from llmtrain.data import SampleStream, build_dataset
@@ -27,7 +28,6 @@ from llmtrain.train.metrics import MetricsWriter
 from llmtrain.train.preemption import Preempted, PreemptionFlag
 from llmtrain.train.optim import build_optimizer, lr_at, resolve_fused, set_lr
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def resolve_device(name: str, local_rank: int) -> torch.device:
@@ -115,7 +115,7 @@ class Trainer:
         self.dp_group = self.mesh.dp.get_group()
         self.dp_rank = self.mesh.dp.get_local_rank()
         self.pp_group = self.mesh.pp.get_group()
-        self.compute_dtype = _DTYPES[cfg.precision.compute_dtype]
+        self.compute_dtype = torch_dtype(cfg.precision.compute_dtype)
 
         self.model: ParallelModel = build_parallel_model(cfg, self.dims, self.mesh, device)
         self.params = self.model.parameters()
@@ -126,7 +126,7 @@ class Trainer:
                                         enabled=p.name == "fp16")
         self.dataset = build_dataset(cfg.data, cfg.model, cfg.train.seed)
         self.stream = SampleStream(self.dataset, cfg.train.seed)
-        self.accum = cfg.train.global_batch_size // (cfg.train.micro_batch_size * self.dims.dp)
+        self.accum = Derived.of(cfg).micro_batches
         self.profiler = StepProfiler(cfg.profile.steps, os.path.join(run_dir, "profile"), self.rank, device)
         self.step = 0
         self.samples_seen = 0
@@ -152,8 +152,8 @@ class Trainer:
     def resume(self) -> None:
         restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         requeued = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
-        # A torchrun restart or a requeued Slurm job always continues from the newest complete checkpoint (the
-        # launch's checkpoint.resume was for its first start).
+        # The launcher resolved checkpoint.resume to the checkpoint path (or none) it announced; a torchrun restart
+        # or a requeued Slurm job continues from the newest complete checkpoint instead.
         mode = "auto" if restart or requeued else self.cfg.checkpoint.resume
         path, ignored = store.resolve_resume(self.run_dir, mode)
         if restart or requeued:  # otherwise the launcher has said which checkpoint it resumes and which it ignores
@@ -411,7 +411,7 @@ class Trainer:
                 raise Preempted(self.step, saved)
             interval = self.cfg.checkpoint.interval
             if interval and self.step % interval == 0 and self.step < last:
-                self.save_checkpoint(asynchronous=self.cfg.checkpoint["async"])
+                self.save_checkpoint(asynchronous=self.cfg.checkpoint.async_save)
         if self.step > first_step and (self.cfg.checkpoint.at_end or self.step < t.max_steps):
             self.save_checkpoint(asynchronous=False)
         self.ckpt.wait()
