@@ -40,7 +40,7 @@ def ssh_hosts_ready(cfg: DictConfig, console: Console) -> bool:
         return True
     for check in down:
         _say(console, check.line())
-    names = ",".join(check.host for check in down)
+    names = ",".join(([c.exclude] if c.exclude else []) + [check.host for check in down])  # added to the user's own
     _say(console, f"llmtrain doctor: {len(down)} of {len(hosts)} host(s) of {c.hostfile} cannot be reached over ssh; "
                   f"nothing was started (cluster.exclude={names} leaves them out)")
     return False

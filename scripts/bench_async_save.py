@@ -127,14 +127,16 @@ def main() -> int:
         step_during = statistics.median(during) if during else float("nan")
         print(f"\nmedians over {a.repeats} repeats")
         print(f"  synchronous save                 {s:8.2f} s")
-        print(f"  async save: training blocked     {b:8.2f} s   ({b / s:.1%} of the synchronous save; target <= 10%)")
+        fractions = [x / y for x, y in zip(blocked, sync)]
+        print(f"  async save: training blocked     {b:8.2f} s   ({b / s:.1%} of the synchronous save; target <= 10%; "
+              f"per repeat {min(fractions):.1%} to {max(fractions):.1%}, median {statistics.median(fractions):.1%})")
         print(f"  async save: background write     {statistics.median(background):8.2f} s")
         print(f"  step time undisturbed            {step_base:8.2f} s")
         print(f"  step time during the write       {step_during:8.2f} s   "
               f"({step_during / step_base - 1:+.0%}: the write shares the CPU with training)")
         if a.json:
             with open(a.json, "w") as f:
-                json.dump({"sync_s": s, "blocked_s": b, "blocked_fraction": b / s,
+                json.dump({"sync_s": s, "blocked_s": b, "blocked_fraction": b / s, "per_repeat": fractions,
                            "background_s": statistics.median(background), "step_s": step_base,
                            "step_during_write_s": step_during, "repeats": a.repeats}, f)
         import torch.distributed as dist

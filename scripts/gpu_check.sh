@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One command that checks llmtrain on one GPU (about 6-7 minutes on an H200) and writes a summary table:
+# One command that checks llmtrain on one GPU (sized to finish in under 8 minutes) and writes a summary table:
 #
 #   scripts/gpu_check.sh [--cpu] [OUTDIR]      (OUTDIR default: $OUT/gpu_check when $OUT is set, else ./gpu_check)
 #

@@ -159,7 +159,7 @@ def device_memory_gib(device: str) -> float:
 def suggested(overrides: list[str], gib: float) -> list[str] | None:
     """The fastest single-device layout `llmtrain plan --suggest 1 GIB` ranks first, as overrides (None: none
     fits). --suggest varies tp, pp, zero and recompute; on one device that leaves the recompute mode."""
-    argv = [sys.executable, "-m", "llmtrain", "plan", *overrides, "--suggest", "1", f"{gib:.0f}", "--json"]
+    argv = [sys.executable, "-m", "llmtrain", "plan", *overrides, "--suggest", "1", str(math.floor(gib)), "--json"]
     proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True)
     print("$ " + " ".join(argv) + f"\n(exit {proc.returncode})", flush=True)
     try:

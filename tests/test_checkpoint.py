@@ -75,12 +75,15 @@ def test_stop_and_resume_same_layout_is_exact(uninterrupted, tmp_path):
 
 
 def test_resume_under_other_layouts(uninterrupted, tmp_path):
-    """Saved at DP2 x TP2 with ZeRO-3 (4 ranks), resumed at PP2 and on one process."""
+    """Saved at DP2 x TP2 with ZeRO-3 (4 ranks), resumed at PP2, at PP2 with a V-shaped schedule (rank 0 holds the
+    first and the last of 4 stages: the embedding and the head's copy) and on one process."""
     saved = tmp_path / "saved"
     launch(saved, *BASE, "train.stop_at_step=6", "cluster.nproc_per_node=4", "parallel.tp=2", "parallel.zero=3")
     reference = uninterrupted["one"]
     assert max_diff(train_losses(saved), reference, range(1, 7)) <= 1e-5
     for name, overrides in {"pp2": ["cluster.nproc_per_node=2", "parallel.pp=2", "parallel.dp=1"],
+                            "pp2_zbv": ["cluster.nproc_per_node=2", "parallel.pp=2", "parallel.dp=1",
+                                        "parallel.pp_schedule=zbv", "parallel.virtual_stages=2"],
                             "one": ["cluster.nproc_per_node=1"]}.items():
         run_dir = tmp_path / name
         shutil.copytree(saved, run_dir)

@@ -78,7 +78,13 @@ def weight_copies(cfg, dims, stage, recomputed: int, block_per_rank: int) -> tup
     if dims.dp > 1 and dims.zero >= 2:
         return 0.0, 0.0  # FSDP's gathered compute-dtype parameters: counted in the state
     c = _compute_size(cfg)
-    whole = stage.params_per_rank * c
+    m, tp = cfg.model, cfg.parallel.tp
+    cast = stage.params_per_rank
+    if stage.stage == 0:  # the embeddings are looked up in fp32; only the tied head (last stage) is a matmul
+        cast -= m.seq_len * m.d_model
+        if stage.stage != cfg.parallel.pp * cfg.parallel.virtual_stages - 1:
+            cast -= padded_vocab_size(m) * m.d_model // tp
+    whole = cast * c
     dropped = recomputed * block_per_rank * c if cfg.recompute.mode == "full" else 0.0
     # A pipeline's autocast cache, or FSDP's unsharded parameters (zero 0), keep the copies autograd does not.
     held = dropped if (cfg.parallel.pp > 1 or dims.dp > 1) else 0.0

@@ -20,8 +20,8 @@ from dataclasses import asdict, dataclass, field
 from llmtrain.config.schema import SINGLE_STAGE_SCHEDULES
 from llmtrain.config.validate import padded_vocab_size
 from llmtrain.parallel import layout as pp_lib
-from llmtrain.plan import cuda_memory
 from llmtrain.parallel.layout import ParallelDims
+from llmtrain.plan import cuda_memory
 
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # Elements per s*b*h that one layer keeps for backward (see the module docstring); replicated part under TP.

@@ -24,8 +24,10 @@ from llmtrain.parallel.layout import ParallelDims
 from llmtrain.parallel.mesh import build_mesh
 from llmtrain.train.loss_scale import DynamicLossScaler
 from llmtrain.train.memory import PeakMemory, SavedActivations
+from llmtrain.train.fault_injection import gradient_fault
 from llmtrain.train.metrics import MetricsWriter
 from llmtrain.train.preemption import Preempted, PreemptionFlag
+from llmtrain.train.step_log import StepLog
 from llmtrain.train.optim import build_optimizer, lr_at, resolve_fused, set_lr
 
 
@@ -141,6 +143,7 @@ class Trainer:
         is_logger = self.rank == 0
         self.log = print if is_logger else (lambda *a, **k: None)
         self.preempt = PreemptionFlag()
+        self.fault = gradient_fault(self.rank)
         self.ckpt = CheckpointManager(cfg, run_dir, self.log)
         self.resume()
         metrics_path = os.path.join(run_dir, "metrics.jsonl") if is_logger else None
@@ -232,7 +235,8 @@ class Trainer:
         for part in self.model.parts:
             part.train()
         local_loss = self.forward_backward()
-        self._inject_nonfinite_for_tests()
+        if self.fault is not None:
+            self.fault(self.step + 1, self.params)
         self.model.sync_tied_weights()
         overflow_here = self.scaler.unscale_and_check(self.params, self.device)
         grad_norm = clip_grad_norm_(self.params, self.cfg.train.grad_clip, self.pp_group,
@@ -258,22 +262,6 @@ class Trainer:
         # Gradients are freed (torch's default set_to_none=True); apex's FusedAdam.zero_grad takes no argument.
         self.optimizer.zero_grad()
         return StepResult(loss=self.global_mean_loss(local_loss), grad_norm=grad_norm, skipped=bad)
-
-    def _inject_nonfinite_for_tests(self) -> None:
-        """Testing hook: LLMTRAIN_INJECT_NONFINITE="STEP:RANK[,STEP:RANK]" puts an inf into one gradient of that
-        rank at that (1-based) step, to exercise overflow handling where only one rank overflows."""
-        spec = os.environ.get("LLMTRAIN_INJECT_NONFINITE")
-        if not spec:
-            return
-        targets = {tuple(int(v) for v in item.split(":")) for item in spec.split(",") if item}
-        if (self.step + 1, self.rank) not in targets:
-            return
-        for p in self.params:
-            if p.grad is not None:
-                g = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
-                if g.numel():
-                    g.view(-1)[0] = float("inf")
-                    return
 
     def _report_nonfinite(self, overflow: bool) -> None:
         """Name the ranks whose own gradients are non-finite (all ranks skip the step either way)."""
@@ -343,85 +331,82 @@ class Trainer:
         return self.elapsed_before + time.perf_counter() - self.segment_start
 
     def train(self) -> None:
-        t, m = self.cfg.train, self.cfg.model
-        tokens_per_step = t.global_batch_size * m.seq_len
-        fused = self.cfg.optim.fused
-        kernel = f"optim.fused={fused}" + (f" -> {self.fused} on {self.device.type}" if fused != self.fused else "")
-        self.log(f"llmtrain: {self.model.describe()}; layout dp={self.dims.dp} tp={self.dims.tp} "
-                 f"pp={self.dims.pp} zero={self.dims.zero}; {kernel}; {t.max_steps} steps of {t.global_batch_size} x "
-                 f"{m.seq_len} tokens ({self.accum} micro-batches of {t.micro_batch_size} per dp rank)", flush=True)
-        padded = self.model.parts[0].args.vocab_size if hasattr(self.model.parts[0], "args") else m.vocab_size
-        if padded != m.vocab_size:
-            self.log(f"llmtrain: vocabulary padded {m.vocab_size} -> {padded} rows "
-                     f"(model.vocab_pad_multiple={m.vocab_pad_multiple})", flush=True)
-        window_start, window_tokens = time.perf_counter(), 0
-        self.segment_start = time.perf_counter()
+        t = self.cfg.train
+        self._describe()
         last = min(t.max_steps, t.stop_at_step) if t.stop_at_step else t.max_steps
         first_step = self.step
+        self.segment_start = time.perf_counter()
         if first_step >= last:
             self.log(f"llmtrain: nothing to do: already at step {self.step} (train.max_steps={t.max_steps}"
                      + (f", train.stop_at_step={t.stop_at_step}" if t.stop_at_step else "") + ")", flush=True)
-            self.peak_memory.close()
-            self.metrics.close()
+            self._close()
             return
+        step_log = StepLog(t, self.metrics, self.log, Derived.of(self.cfg).tokens_per_step, self.flops_per_token,
+                           self.peak_flops, dist.get_world_size(), self.scaler, self.memory_gib)
         while self.step < last:
-            step_start = time.perf_counter()
-            self.profiler.before_step(self.step + 1)
-            self.peak_memory.before_step(self.step + 1 - first_step)
-            result = self.train_step()
-            peak = self.peak_memory.after_step(self.step + 1 - first_step)
-            self.profiler.after_step(self.step + 1)
-            if peak is not None:
-                self.state_bytes["peak"] = peak
-                self.log(f"llmtrain: peak tensor memory over the first {self.peak_memory.steps} steps: "
-                         f"{peak / 2**20:.1f} MiB on rank 0", flush=True)
-            step_time = time.perf_counter() - step_start
+            result, step_time = self._timed_step(first_step)
             self.step += 1
             self.samples_seen += t.global_batch_size
-            self.tokens_seen += tokens_per_step
-            window_tokens += tokens_per_step
+            self.tokens_seen += step_log.tokens_per_step
             self._check_bad_step(result)
-            if self.step % t.log_interval == 0 or self.step == t.max_steps or self.step == 1:
-                now = time.perf_counter()
-                tokens_per_s = window_tokens / max(now - window_start, 1e-9)
-                window_start, window_tokens = now, 0
-                row = {"step": self.step, "loss": float(result.loss), "lr": lr_at(self.step - 1, t),
-                       "grad_norm": float(result.grad_norm), "tokens_per_s": tokens_per_s, "step_time_s": step_time,
-                       "tokens": self.tokens_seen, "elapsed_s": self.elapsed_s(), "mem_gib": self.memory_gib()}
-                # Model FLOPs (no recompute) per device per second, and that over the device's dense peak.
-                row["tflops"] = self.flops_per_token * tokens_per_s / dist.get_world_size() / 1e12
-                if self.peak_flops is not None:  # no peak for this device: the row has no mfu
-                    row["mfu"] = row["tflops"] * 1e12 / self.peak_flops
-                if self.scaler.enabled:
-                    row.update(loss_scale=self.scaler.scale, skipped_steps=self.scaler.skipped_steps)
-                self.metrics.write(row)
-                mfu = f"{row['mfu']:.1%}" if "mfu" in row else "-"
-                self.log(f"step {self.step:>6}/{t.max_steps} | loss {row['loss']:.4f} | lr {row['lr']:.2e} | "
-                         f"grad_norm {row['grad_norm']:.3f} | {tokens_per_s:,.0f} tok/s | "
-                         f"{step_time * 1000:.0f} ms/step | MFU {mfu}", flush=True)
+            step_log.step_done(self.step, result, step_time, self.tokens_seen, self.elapsed_s())
             if t.eval_interval and t.eval_steps and (self.step % t.eval_interval == 0 or self.step == t.max_steps):
-                val_loss = self.evaluate()
-                self.metrics.write({"step": self.step, "val_loss": val_loss})
-                self.log(f"step {self.step:>6}/{t.max_steps} | val_loss {val_loss:.4f}", flush=True)
+                step_log.eval_done(self.step, self.evaluate())
             self.ckpt.poll()
-            if self.preempt.agreed():
-                self.log(f"llmtrain: preemption signal received at step {self.step}", flush=True)
-                saved = self.save_checkpoint(asynchronous=False)
-                self.metrics.close()
-                raise Preempted(self.step, saved)
-            interval = self.cfg.checkpoint.interval
-            if interval and self.step % interval == 0 and self.step < last:
-                self.save_checkpoint(asynchronous=self.cfg.checkpoint.async_save)
-        if self.step > first_step and (self.cfg.checkpoint.at_end or self.step < t.max_steps):
+            self._stop_if_preempted()
+            self.maybe_save(last)
+        if self.cfg.checkpoint.at_end or self.step < t.max_steps:
             self.save_checkpoint(asynchronous=False)
         self.ckpt.wait()
-        self.peak_memory.close()
-        self.metrics.close()
+        self._close()
         this_launch = time.perf_counter() - self.segment_start
         resumed = f" ({self.step - first_step} since resuming at step {first_step}, in {this_launch:.1f} s)" \
             if first_step else ""
         self.log(f"llmtrain: done, {self.step} steps, {self.tokens_seen:,} tokens in {self.elapsed_s():.1f} s"
                  f"{resumed}", flush=True)
+
+    def _describe(self) -> None:
+        t, m = self.cfg.train, self.cfg.model
+        fused = self.cfg.optim.fused
+        kernel = f"optim.fused={fused}" + (f" -> {self.fused} on {self.device.type}" if fused != self.fused else "")
+        self.log(f"llmtrain: {self.model.describe()}; layout dp={self.dims.dp} tp={self.dims.tp} "
+                 f"pp={self.dims.pp} zero={self.dims.zero}; {kernel}; {t.max_steps} steps of {t.global_batch_size} x "
+                 f"{m.seq_len} tokens ({self.accum} micro-batches of {t.micro_batch_size} per dp rank)", flush=True)
+        padded = Derived.of(self.cfg).padded_vocab
+        if padded != m.vocab_size:
+            self.log(f"llmtrain: vocabulary padded {m.vocab_size} -> {padded} rows "
+                     f"(model.vocab_pad_multiple={m.vocab_pad_multiple})", flush=True)
+
+    def _timed_step(self, first_step: int) -> tuple[StepResult, float]:
+        """One optimizer step under the profilers; its result and wall time."""
+        start = time.perf_counter()
+        self.profiler.before_step(self.step + 1)
+        self.peak_memory.before_step(self.step + 1 - first_step)
+        result = self.train_step()
+        peak = self.peak_memory.after_step(self.step + 1 - first_step)
+        self.profiler.after_step(self.step + 1)
+        if peak is not None:
+            self.state_bytes["peak"] = peak
+            self.log(f"llmtrain: peak tensor memory over the first {self.peak_memory.steps} steps: "
+                     f"{peak / 2**20:.1f} MiB on rank 0", flush=True)
+        return result, time.perf_counter() - start
+
+    def _stop_if_preempted(self) -> None:
+        if self.preempt.agreed():
+            self.log(f"llmtrain: preemption signal received at step {self.step}", flush=True)
+            saved = self.save_checkpoint(asynchronous=False)
+            self.metrics.close()
+            raise Preempted(self.step, saved)
+
+    def maybe_save(self, last: int) -> None:
+        """A checkpoint every checkpoint.interval steps on the way (the last step's is saved after the loop)."""
+        interval = self.cfg.checkpoint.interval
+        if interval and self.step % interval == 0 and self.step < last:
+            self.save_checkpoint(asynchronous=self.cfg.checkpoint.async_save)
+
+    def _close(self) -> None:
+        self.peak_memory.close()
+        self.metrics.close()
 
     def _check_bad_step(self, result: StepResult) -> None:
         # fp16 overflows are the loss scaler's normal work (weights and moments untouched): not a bad streak.

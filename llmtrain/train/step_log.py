@@ -1,0 +1,56 @@
+"""What a logged step reports: throughput over the steps since the last logged one, a metrics row (loss, lr,
+grad norm, tokens/s, TFLOPS, MFU where the device's peak is known, memory, loss scale) and rank 0's console line.
+Reading the loss and grad norm waits for the device, so it happens on logged steps only."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from llmtrain.train.metrics import MetricsWriter
+from llmtrain.train.optim import lr_at
+
+
+class StepLog:
+    def __init__(self, train_cfg, metrics: MetricsWriter, log: Callable[..., None], tokens_per_step: int,
+                 flops_per_token: float, peak_flops: float | None, world_size: int, scaler,
+                 memory_gib: Callable[[], float]):
+        self.t = train_cfg
+        self.metrics = metrics
+        self.log = log
+        self.tokens_per_step = tokens_per_step
+        self.flops_per_token = flops_per_token
+        self.peak_flops = peak_flops  # None: an unknown device, and no MFU
+        self.world_size = world_size
+        self.scaler = scaler
+        self.memory_gib = memory_gib
+        self.window_start, self.window_tokens = time.perf_counter(), 0
+
+    def due(self, step: int) -> bool:
+        return step % self.t.log_interval == 0 or step == self.t.max_steps or step == 1
+
+    def step_done(self, step: int, result, step_time: float, tokens_seen: int, elapsed_s: float) -> None:
+        self.window_tokens += self.tokens_per_step
+        if not self.due(step):
+            return
+        now = time.perf_counter()
+        tokens_per_s = self.window_tokens / max(now - self.window_start, 1e-9)
+        self.window_start, self.window_tokens = now, 0
+        row = {"step": step, "loss": float(result.loss), "lr": lr_at(step - 1, self.t),
+               "grad_norm": float(result.grad_norm), "tokens_per_s": tokens_per_s, "step_time_s": step_time,
+               "tokens": tokens_seen, "elapsed_s": elapsed_s, "mem_gib": self.memory_gib()}
+        # Model FLOPs (no recompute) per device per second, and that over the device's dense peak.
+        row["tflops"] = self.flops_per_token * tokens_per_s / self.world_size / 1e12
+        if self.peak_flops is not None:
+            row["mfu"] = row["tflops"] * 1e12 / self.peak_flops
+        if self.scaler.enabled:
+            row.update(loss_scale=self.scaler.scale, skipped_steps=self.scaler.skipped_steps)
+        self.metrics.write(row)
+        mfu = f"{row['mfu']:.1%}" if "mfu" in row else "-"
+        self.log(f"step {step:>6}/{self.t.max_steps} | loss {row['loss']:.4f} | lr {row['lr']:.2e} | "
+                 f"grad_norm {row['grad_norm']:.3f} | {tokens_per_s:,.0f} tok/s | "
+                 f"{step_time * 1000:.0f} ms/step | MFU {mfu}", flush=True)
+
+    def eval_done(self, step: int, val_loss: float) -> None:
+        self.metrics.write({"step": step, "val_loss": val_loss})
+        self.log(f"step {step:>6}/{self.t.max_steps} | val_loss {val_loss:.4f}", flush=True)
