@@ -72,6 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_compose_args(launch)
     launch.add_argument("--dry-run", action="store_true",
                         help="print the resolved config, rank layout, commands and environment; start nothing")
+    launch.add_argument("-m", "--multirun", action="store_true",
+                        help="sweep: one run per combination of the swept values (a,b  range(0,3)  choice(a,b)  "
+                             "glob(gpt-*) for a group), each in run.dir/<index>-<overrides>; run.dir names the "
+                             "sweep directory (default runs/<run.name>-sweep)")
+    launch.add_argument("--fail-fast", action="store_true",
+                        help="with -m: stop the sweep at the first failed run (default: report it and go on)")
 
     config = sub.add_parser("config", formatter_class=fmt, epilog=OVERRIDE_HELP,
                             help="print the resolved config as YAML",
@@ -199,16 +205,19 @@ HYDRA_FLAGS = {
     "-c": "print the resolved config with `llmtrain config [OVERRIDES...]`",
     "--info": "print the resolved config with `llmtrain config [OVERRIDES...]`; the config groups and their "
               "options are listed by `llmtrain --help`",
-    "--multirun": "llmtrain launch runs one configuration; start one launch per value",
-    "-m": "llmtrain launch runs one configuration; start one launch per value",
+    "--multirun": "sweeps run with `llmtrain launch -m OVERRIDES...`",
+    "-m": "sweeps run with `llmtrain launch -m OVERRIDES...`",
 }
+# Hydra flags that llmtrain launch takes as its own.
+LAUNCH_FLAGS = ("-m", "--multirun")
 
 
 def hydra_flag_error(argv: list[str]) -> str | None:
     """The message for a Hydra app's flag given to llmtrain, or None."""
+    command = next((arg for arg in argv if not arg.startswith("-")), None)
     for arg in argv:
         flag = arg.split("=", 1)[0]
-        if flag in HYDRA_FLAGS:
+        if flag in HYDRA_FLAGS and not (command == "launch" and flag in LAUNCH_FLAGS):
             return f"llmtrain: error: {flag} is a flag of Hydra apps; {HYDRA_FLAGS[flag]}"
     return None
 
@@ -284,6 +293,14 @@ def cmd_config(args) -> int:
 def cmd_launch(args) -> int:
     from llmtrain.launch.run import dry_run, launch
 
+    if args.multirun:
+        from llmtrain.sweep.run import run_sweep
+
+        return run_sweep(args)
+    if args.fail_fast:
+        from llmtrain.config.errors import ConfigError
+
+        raise ConfigError("--fail-fast", "stops a sweep at its first failed run: use it with -m")
     cfg = _compose(args)
     if args.dry_run:
         return dry_run(cfg)

@@ -1,5 +1,5 @@
 """Checkpoints and resume: exact same-layout resume, resharded resume, restarts after a kill, preemption,
-partial and corrupted checkpoints, `ckpt list`."""
+partial and corrupted checkpoints, `ckpt list`, and the names the model and optimizer state are saved under."""
 
 from __future__ import annotations
 
@@ -210,6 +210,16 @@ def test_async_checkpoint_is_logged_saved_only_when_complete(tmp_path):
         # "saved" is printed only after meta.json (written last, with every file's CRC) exists
         assert f"saved checkpoint step {int(name[5:])} " in log
         assert json.loads((run_dir / "checkpoints" / name / "meta.json").read_text())["complete"]
+    # The state is copied in the background while the next step runs; the copy still holds the weights of the
+    # step it names, bit for bit, as a synchronous save of the same run does.
+    from llmtrain.checkpoint.export import load_model_state
+
+    sync_dir = tmp_path / "sync"
+    launch(sync_dir, *BASE, "checkpoint.interval=4", "checkpoint.keep=10")
+    for name in ("step-0000004", "step-0000008"):
+        got, _ = load_model_state(run_dir / "checkpoints" / name)
+        want, _ = load_model_state(sync_dir / "checkpoints" / name)
+        assert got.keys() == want.keys() and all(got[k].equal(want[k]) for k in want), name
 
 
 def test_export_hf_matches_and_init_from_continues(uninterrupted, tmp_path):

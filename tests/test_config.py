@@ -78,6 +78,7 @@ BAD_INPUTS = [
     (["+model.n_layer=3"], "model.n_layer"),                                  # added key not in the schema
     (["train.lr=fast"], "train.lr"),                                          # wrong type
     (["parallel.tp=two"], "parallel.tp"),                                     # wrong type
+    (["doctor.connect_timeout_s=0"], "doctor.connect_timeout_s"),             # checked before any launch
     (["model=gpt-9b"], "model"),                                              # missing group option
     (["precision=fp8"], "precision"),                                         # missing group option
     (["parallel.tp=3", "cluster.nproc_per_node=3"], "parallel.tp"),           # tp does not divide heads
@@ -123,7 +124,7 @@ def test_hydra_habits_get_a_hint(overrides, key, hint, capsys):
 
 @pytest.mark.parametrize("argv,hint", [(["config", "--cfg", "job"], "llmtrain config"),
                                        (["launch", "--info"], "llmtrain config"),
-                                       (["launch", "-m", "train.lr=1,2"], "one configuration")])
+                                       (["config", "-m", "train.lr=1,2"], "llmtrain launch -m")])
 def test_hydra_flags_point_to_llmtrain_commands(argv, hint, capsys):
     code = main(argv)
     err = capsys.readouterr().err

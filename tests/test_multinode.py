@@ -206,7 +206,7 @@ def test_slurm_two_nodes_match_and_requeue_resumes(cluster, reference, tmp_path)
 
 
 def test_doctor_across_both_nodes(cluster, hostfile, tmp_path):  # noqa: F811
-    result = run_cli(["doctor", f"run.dir={tmp_path / 'd'}", *COMMON, *ssh_args(cluster, hostfile),
+    result = run_cli(["doctor", f"doctor.dir={tmp_path / 'd'}", *COMMON, *ssh_args(cluster, hostfile),
                       "--max-bytes", "1048576", "--iters", "2"], env=cluster.env, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:]
     assert "node1" in result.stdout and "node2" in result.stdout and "busbw" in result.stdout

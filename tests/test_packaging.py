@@ -74,3 +74,13 @@ def test_tensorboard_is_an_extra_that_the_tests_install():
     assert "tensorboard" in _requirements(extras["tensorboard"])
     assert "tensorboard" in _requirements(extras["test"])
     assert "tensorboard" not in _requirements(project["dependencies"])
+
+
+@pytest.mark.parametrize("tracker", ["wandb", "mlflow"])
+def test_tracker_is_an_extra_that_the_tests_install(tracker):
+    # logging.wandb / logging.mlflow name this extra when the package is missing; CI installs it through `test`.
+    project = _pyproject()["project"]
+    extras = project["optional-dependencies"]
+    assert tracker in _requirements(extras[tracker])
+    assert tracker in _requirements(extras["test"])
+    assert tracker not in _requirements(project["dependencies"])

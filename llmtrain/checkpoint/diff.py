@@ -10,8 +10,8 @@ from llmtrain.config.compose import to_plain
 # Keys that fix parameter shapes: resuming with another value cannot load the weights.
 SHAPE_KEYS = ("model.n_layers", "model.n_heads", "model.d_model", "model.vocab_size", "model.vocab_pad_multiple",
               "model.seq_len", "model.head_dim")
-# Keys expected to differ between attempts of the same run.
-IGNORED = ("checkpoint.resume", "cluster.master_port", "cluster.node_rank", "run.overwrite")
+# Keys expected to differ between attempts of the same run (a key, or a section ending in ".").
+IGNORED = ("checkpoint.resume", "cluster.master_port", "cluster.node_rank", "run.overwrite", "doctor.")
 
 
 def _flatten(cfg: DictConfig) -> dict[str, object]:
@@ -31,7 +31,7 @@ def _flatten(cfg: DictConfig) -> dict[str, object]:
 def config_diff(old: DictConfig, new: DictConfig) -> list[tuple[str, object, object]]:
     a, b = _flatten(old), _flatten(new)
     return [(k, a.get(k, "<absent>"), b.get(k, "<absent>")) for k in sorted(set(a) | set(b))
-            if a.get(k, "<absent>") != b.get(k, "<absent>") and k not in IGNORED]
+            if a.get(k, "<absent>") != b.get(k, "<absent>") and not k.startswith(IGNORED)]
 
 
 def check_resumable(old: DictConfig, new: DictConfig, path: str) -> list[tuple[str, object, object]]:

@@ -89,6 +89,8 @@ class CheckpointManager:
         # interleave with training's on the default group.
         self.group = dist.new_group(backend="gloo")
         self.pending = None  # (future, tmp_path, step, elapsed_s, t0, state being written)
+        self.staging = None  # the future of the background copy of an async save's state
+        self.stager = None
         self.saved: tuple[str, int] | None = None  # (path, step) of the newest checkpoint loaded or saved
         if self.rank == 0:
             self._remove_partials()
@@ -132,12 +134,32 @@ class CheckpointManager:
         t0 = time.perf_counter()
         with self._one_line_if_disk_full(tmp, step, state):
             if asynchronous:
-                future = dcp.async_save(state, checkpoint_id=tmp, process_group=self.group)
-                self.pending = (future, tmp, step, elapsed, t0, state)
+                # The copy of the state to host memory runs in the background too: training goes on at once and
+                # waits for the copy only before the optimizer changes the weights (wait_for_staging).
+                response = dcp.async_save(state, checkpoint_id=tmp, process_group=self.group,
+                                          async_stager=self._stager())
+                self.staging = response.staging_completion
+                self.pending = (response.upload_completion, tmp, step, elapsed, t0, state)
                 self.log(f"llmtrain: checkpoint step {step}: saving in the background", flush=True)
             else:
                 dcp.save(state, checkpoint_id=tmp, process_group=self.group)
                 self._finalize(tmp, step, elapsed, t0)
+
+    def _stager(self):
+        """One stager for the run: it keeps its host buffers, so later saves do not allocate them again."""
+        if self.stager is None:
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+            cuda = torch.cuda.is_available() and self.cfg.device != "cpu"
+            self.stager = DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False,
+                                                       use_async_staging=True, use_non_blocking_copy=cuda))
+        return self.stager
+
+    def wait_for_staging(self) -> None:
+        """Before the weights or optimizer state change: the background save must have copied them."""
+        if self.staging is not None:
+            self.staging.result()
+            self.staging = None
 
     @contextlib.contextmanager
     def _one_line_if_disk_full(self, tmp: str, step: int, state: dict):
@@ -167,6 +189,7 @@ class CheckpointManager:
     def wait(self) -> None:
         if self.pending is None:
             return
+        self.wait_for_staging()
         future, tmp, step, elapsed, t0, state = self.pending
         self.pending = None
         with self._one_line_if_disk_full(tmp, step, state):

@@ -98,7 +98,7 @@ def check_override_habits(overrides: Sequence[str], groups: set[str]) -> None:
         if eq and _is_sweep(value):
             raise ConfigError(bare, f"'{value}' is several values (a sweep), and llmtrain launch runs one "
                                     f"configuration: give one value (a value holding a comma is quoted: "
-                                    f"{bare}='\"a,b\"')")
+                                    f"{bare}='\"a,b\"'), or use -m to sweep (llmtrain launch -m ...)")
 
 
 def _is_sweep(value: str) -> bool:
@@ -106,9 +106,13 @@ def _is_sweep(value: str) -> bool:
     v = value.strip()
     if v.startswith(("range(", "choice(", "glob(", "interval(")):
         return True
-    depth, quote = 0, None
+    depth, quote, escaped = 0, None, False
     for ch in v:
-        if quote:
+        if escaped:  # a backslash-escaped character (Hydra writes a comma inside a value as \,)
+            escaped = False
+        elif ch == "\\" and not quote:
+            escaped = True
+        elif quote:
             quote = None if ch == quote else quote
         elif ch in "'\"":
             quote = ch

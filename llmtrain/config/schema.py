@@ -106,9 +106,14 @@ class DataConfig:
 
 @dataclass
 class PrecisionConfig:
-    name: str = choice("fp32", "fp32", "bf16", "fp16")
+    name: str = choice("fp32", "fp32", "bf16", "fp16", "fp8")
     # dtype matmuls run in (autocast / FSDP2 param_dtype); master weights and optimizer state stay fp32.
     compute_dtype: str = choice("float32", *DTYPES)
+    # fp8 only: torchao's float8 scaling recipe for the transformer blocks' linear layers. tensorwise (one scale
+    # per tensor) is the fastest and the one whose weights FSDP2 can all-gather in float8; rowwise (a scale per
+    # row, power-of-two scales) is more accurate; rowwise_with_gw_hp also keeps the weight gradient's matmul in
+    # bf16 (the most accurate).
+    fp8_recipe: str = choice("tensorwise", "tensorwise", "rowwise", "rowwise_with_gw_hp")
     # dtype of gradient reduction across data-parallel ranks.
     reduce_dtype: str = choice("float32", *DTYPES)
     # Dynamic loss scaling, used by fp16 only.
@@ -122,6 +127,17 @@ class PrecisionConfig:
 class LoggingConfig:
     # Also write TensorBoard event files to RUN_DIR/tensorboard (needs the tensorboard extra).
     tensorboard: bool = False
+    # Also log to a Weights & Biases run named run.name (needs the wandb extra; files under RUN_DIR/wandb);
+    # entity null = the account's default.
+    wandb: bool = False
+    wandb_project: str = "llmtrain"
+    wandb_entity: Optional[str] = None
+    wandb_tags: List[str] = field(default_factory=list)
+    # Also log to an MLflow run named run.name (needs the mlflow extra); tracking URI null = a local store,
+    # RUN_DIR/mlflow.db.
+    mlflow: bool = False
+    mlflow_tracking_uri: Optional[str] = None
+    mlflow_experiment: str = "llmtrain"
 
 
 @dataclass

@@ -121,6 +121,12 @@ def _validate_logging(cfg: DictConfig) -> None:
 
         missing = tensorboard_missing()
         _require(missing is None, "logging.tensorboard", missing)
+    from llmtrain.train.trackers.requirements import PACKAGES, tracker_missing
+
+    for key in PACKAGES:
+        if cfg.logging[key.split(".")[1]]:
+            missing = tracker_missing(key)
+            _require(missing is None, key, missing)
 
 
 def _validate_model(cfg: DictConfig) -> None:
@@ -278,6 +284,11 @@ def _validate_precision_retired(cfg: DictConfig) -> None:
 
 def _validate_precision(cfg: DictConfig) -> None:
     pr = cfg.precision
+    if pr.name == "fp8":  # before the hardware rules, whose answer for a GPU without bf16 would be fp16
+        from llmtrain.config.fp8_support import fp8_problem
+
+        problem = fp8_problem(cfg)
+        _require(problem is None, "precision", problem)
     if pr.name == "fp16":
         _require(pr.init_scale > 0, "precision.init_scale", f"must be > 0 (got {pr.init_scale})")
         _require(pr.growth_factor > 1.0, "precision.growth_factor", f"must be > 1 (got {pr.growth_factor})")
@@ -288,7 +299,7 @@ def _validate_precision(cfg: DictConfig) -> None:
 
 def _validate_cluster(cfg: DictConfig) -> None:
     c = cfg.cluster
-    _positive(cfg, "cluster.nnodes", "cluster.nproc_per_node")
+    _positive(cfg, "cluster.nnodes", "cluster.nproc_per_node", "doctor.connect_timeout_s")
     _require(0 <= c.node_rank < c.nnodes, "cluster.node_rank", f"must be in [0, {c.nnodes}) (got {c.node_rank})")
     _require(0 <= c.master_port < 65536, "cluster.master_port", f"must be a port number (got {c.master_port})")
     _require(cfg.launch.max_restarts >= 0, "launch.max_restarts", f"must be >= 0 (got {cfg.launch.max_restarts})")

@@ -1,5 +1,6 @@
-"""Build this rank's share of the model: meta-device GPT -> pipeline split -> tensor parallel -> FSDP2 ->
-materialize on the device -> layout-independent init (torchtitan's order: TP before FSDP, init after sharding)."""
+"""Build this rank's share of the model: meta-device GPT -> pipeline split -> float8 layers (precision=fp8) ->
+tensor parallel -> recompute -> compile -> FSDP2 -> materialize on the device -> layout-independent init
+(torchtitan's order: float8 before TP, TP before FSDP, init after sharding)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from llmtrain.config.derived import Derived, torch_dtype
 from llmtrain.model import GPT, GPTArgs, init_parameters
 from llmtrain.parallel import pipeline as pp_lib
 from llmtrain.parallel.data_parallel import apply_data_parallel
+from llmtrain.parallel.float8 import Float8Training
 from llmtrain.parallel.layout import ParallelDims
 from llmtrain.parallel.recompute import apply_recompute
 from llmtrain.parallel.mesh import Meshes
@@ -32,7 +34,8 @@ class ParallelModel:
     """The model parts this rank holds (one, or several pipeline stages) and how to run them."""
 
     def __init__(self, parts: list[nn.Module], dims: ParallelDims, pipeline=None, stage_ids=(),
-                 num_stages: int = 1, tied_group: dist.ProcessGroup | None = None):
+                 num_stages: int = 1, tied_group: dist.ProcessGroup | None = None,
+                 float8: Float8Training | None = None):
         self.parts = parts
         self.dims = dims
         self.pipeline = pipeline
@@ -40,6 +43,7 @@ class ParallelModel:
         self.num_stages = num_stages
         self.tied_group = tied_group
         self.pipeline_loss_scale = 1.0
+        self.float8 = float8  # precision=fp8's float8 layers
         self.has_first_stage = num_stages == 1 or 0 in self.stage_ids
         self.has_last_stage = num_stages == 1 or (num_stages - 1) in self.stage_ids
         # Captured once, now, while FSDP2 has its sharded parameters registered: after a no-grad forward
@@ -101,6 +105,10 @@ class ParallelModel:
         elif len(local) == 1:
             dist.all_reduce(local[0], group=self.tied_group)
 
+    def after_optimizer_step(self) -> None:
+        if self.float8 is not None:
+            self.float8.after_optimizer_step(self.parts)
+
     def describe(self) -> str:
         n = sum(p.numel() for p in self.parameters())
         local = sum(_local(p).numel() for p in self.parameters())
@@ -126,9 +134,14 @@ def build_parallel_model(cfg: DictConfig, dims: ParallelDims, mesh: Meshes, devi
 
         pretrained = load_pretrained(cfg.model.init_from, cfg.model)
 
+    float8 = Float8Training.from_config(cfg, dims)
+    float8_styles = float8 is not None and float8.tensor_parallel_styles
+
     def finish(part: nn.Module) -> nn.Module:
+        if float8 is not None:
+            float8.convert(part)  # first: TP, recompute, compile and FSDP2 each take the float8 layers as they are
         if dims.tp > 1:
-            apply_tensor_parallel(part, mesh.tp, pp.sequence_parallel)
+            apply_tensor_parallel(part, mesh.tp, pp.sequence_parallel, float8_styles)
         apply_recompute(part, cfg.recompute.mode, cfg.recompute.every)
         if cfg.train.compile:
             for block in part.layers.values():
@@ -144,7 +157,7 @@ def build_parallel_model(cfg: DictConfig, dims: ParallelDims, mesh: Meshes, devi
         return part
 
     if dims.pp == 1:
-        return ParallelModel([finish(whole)], dims)
+        return ParallelModel([finish(whole)], dims, float8=float8)
 
     num_stages = dims.pp * pp.virtual_stages
     counts = pp_lib.layers_per_stage(cfg.model.n_layers, num_stages, pp.pp_layers)
@@ -153,7 +166,7 @@ def build_parallel_model(cfg: DictConfig, dims: ParallelDims, mesh: Meshes, devi
     ids = pp_lib.stage_ids(pp_rank, dims.pp, pp.virtual_stages, pp.pp_schedule)
     parts = [finish(pp_lib.make_stage_module(whole, s, counts)) for s in ids]
     stages = [PipelineStage(part, s, num_stages, device, group=pp_group) for part, s in zip(parts, ids)]
-    model = ParallelModel(parts, dims, None, ids, num_stages, _tied_group(mesh, dims, pp))
+    model = ParallelModel(parts, dims, None, ids, num_stages, _tied_group(mesh, dims, pp), float8)
 
     def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())

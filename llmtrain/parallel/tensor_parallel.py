@@ -14,7 +14,6 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
-    PrepareModuleInput,
     PrepareModuleOutput,
     RowwiseParallel,
     SequenceParallel,
@@ -22,10 +21,14 @@ from torch.distributed.tensor.parallel import (
 )
 
 from llmtrain.model.gpt import GPT
+from llmtrain.parallel.float8 import tensor_parallel_styles
 
 
-def apply_tensor_parallel(model: GPT, tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
+def apply_tensor_parallel(model: GPT, tp_mesh: DeviceMesh, sequence_parallel: bool, float8: bool = False) -> None:
+    """`float8`: the blocks hold torchao Float8Linear layers (tensorwise recipe), whose float8 styles cast the
+    attention and MLP inputs once, before their all-gather, and the row-parallel inputs before their matmul."""
     residual = Shard(1) if sequence_parallel else Replicate()
+    colwise, rowwise, prepare_input = tensor_parallel_styles(float8)
     if model.embed is not None:
         plan = {"tok": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())}
         if sequence_parallel:
@@ -35,16 +38,16 @@ def apply_tensor_parallel(model: GPT, tp_mesh: DeviceMesh, sequence_parallel: bo
 
     for block in model.layers.values():
         plan = {
-            "attn": PrepareModuleInput(input_layouts=(residual,), desired_input_layouts=(Replicate(),),
-                                       use_local_output=False),
-            "attn.q": ColwiseParallel(),
-            "attn.k": ColwiseParallel(),
-            "attn.v": ColwiseParallel(),
-            "attn.proj": RowwiseParallel(output_layouts=residual),
-            "mlp": PrepareModuleInput(input_layouts=(residual,), desired_input_layouts=(Replicate(),),
-                                      use_local_output=False),
-            "mlp.fc": ColwiseParallel(),
-            "mlp.proj": RowwiseParallel(output_layouts=residual),
+            "attn": prepare_input(input_layouts=(residual,), desired_input_layouts=(Replicate(),),
+                                  use_local_output=False),
+            "attn.q": colwise(),
+            "attn.k": colwise(),
+            "attn.v": colwise(),
+            "attn.proj": rowwise(output_layouts=residual),
+            "mlp": prepare_input(input_layouts=(residual,), desired_input_layouts=(Replicate(),),
+                                 use_local_output=False),
+            "mlp.fc": colwise(),
+            "mlp.proj": rowwise(output_layouts=residual),
         }
         if sequence_parallel:
             plan["ln_1"] = SequenceParallel()

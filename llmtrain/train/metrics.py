@@ -15,11 +15,14 @@ from collections.abc import Iterator
 
 
 class MetricsWriter:
-    def __init__(self, path: str | None, keep_until_step: int = 0, tensorboard_dir: str | None = None):
+    def __init__(self, path: str | None, keep_until_step: int = 0, tensorboard_dir: str | None = None,
+                 trackers=None):
         """Open `path` keeping only rows with step <= keep_until_step (0: a fresh run starts an empty file);
-        with tensorboard_dir, every row also goes to TensorBoard event files there."""
+        with tensorboard_dir, every row also goes to TensorBoard event files there, and with `trackers` (started
+        experiment trackers, llmtrain.train.trackers.fanout.Trackers) to their runs."""
         self.file = None
         self.tensorboard = None
+        self.trackers = trackers
         if tensorboard_dir:
             from llmtrain.report.tensorboard import TensorBoardWriter
 
@@ -41,14 +44,21 @@ class MetricsWriter:
             self.tensorboard.add_scalars(row["step"], {prefix + k.replace("val_", ""): v for k, v in row.items()
                                                        if k != "step"})
             self.tensorboard.flush()
+        if self.trackers is not None:
+            self.trackers.log(clean)
 
-    def close(self) -> None:
+    def close(self, status: str = "finished") -> None:
+        """`status` (finished, failed, preempted): how the launch ended, for the trackers' runs. Closing twice
+        is harmless: the first close decides."""
         if self.file is not None:
             self.file.close()
             self.file = None
         if self.tensorboard is not None:
             self.tensorboard.close()
             self.tensorboard = None
+        if self.trackers is not None:
+            self.trackers.finish(status)
+            self.trackers = None
 
 
 def _lines(path: str) -> Iterator[tuple[int, int, bytes, dict | None]]:

@@ -15,6 +15,7 @@ from omegaconf import DictConfig
 from torch.distributed.tensor import DTensor
 
 from llmtrain.config.derived import Derived, torch_dtype
+from llmtrain.config.fp8_support import check_fp8_node
 from llmtrain.checkpoint import store
 from llmtrain.checkpoint.manager import CheckpointManager
 from llmtrain.data import SampleStream, build_dataset
@@ -28,6 +29,7 @@ from llmtrain.train.fault_injection import gradient_fault
 from llmtrain.train.metrics import MetricsWriter
 from llmtrain.train.preemption import Preempted, PreemptionFlag
 from llmtrain.train.step_log import StepLog
+from llmtrain.train.trackers.fanout import open_trackers
 from llmtrain.train.optim import build_optimizer, lr_at, resolve_fused, set_lr
 
 
@@ -110,6 +112,7 @@ class Trainer:
         self.rank = dist.get_rank()
         # First, before anything is built: a compute dtype this GPU lacks is a one-line ConfigError; an unknown
         # GPU only loses MFU (rank 0 says so once).
+        check_fp8_node(cfg, device.type)  # precision=fp8 with hardware=auto: known only now, on this node
         self.flops_per_token, self.peak_flops = model_flops(cfg, device.type, print if self.rank == 0 else None)
         self.peak_memory = PeakMemory(device, cfg.profile.memory)
         self.dims = ParallelDims.from_config(cfg)
@@ -150,7 +153,9 @@ class Trainer:
         # Rows past the resumed step came from an attempt that did not reach a checkpoint: they are replaced.
         self.metrics = MetricsWriter(metrics_path, keep_until_step=self.step,
                                      tensorboard_dir=os.path.join(run_dir, "tensorboard")
-                                     if is_logger and cfg.logging.tensorboard else None)
+                                     if is_logger and cfg.logging.tensorboard else None,
+                                     trackers=open_trackers(cfg, run_dir, resumed=self.step > 0)
+                                     if is_logger else None)
 
     def resume(self) -> None:
         restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
@@ -254,7 +259,9 @@ class Trainer:
             self._report_nonfinite(overflow)
         if not bad:
             set_lr(self.optimizer, lr_at(self.step, self.cfg.train))
+            self.ckpt.wait_for_staging()
             self.optimizer.step()
+            self.model.after_optimizer_step()
         if self.step == 0:
             self.state_bytes = self.local_state_bytes()
             self.state_bytes["activations"] = self.saved_activations.total
@@ -331,6 +338,14 @@ class Trainer:
         return self.elapsed_before + time.perf_counter() - self.segment_start
 
     def train(self) -> None:
+        try:
+            self._train()
+        except BaseException:
+            # The trackers' runs end as failed (a preempted launch has closed them as preempted already).
+            self.metrics.close(status="failed")
+            raise
+
+    def _train(self) -> None:
         t = self.cfg.train
         self._describe()
         last = min(t.max_steps, t.stop_at_step) if t.stop_at_step else t.max_steps
@@ -372,6 +387,8 @@ class Trainer:
         self.log(f"llmtrain: {self.model.describe()}; layout dp={self.dims.dp} tp={self.dims.tp} "
                  f"pp={self.dims.pp} zero={self.dims.zero}; {kernel}; {t.max_steps} steps of {t.global_batch_size} x "
                  f"{m.seq_len} tokens ({self.accum} micro-batches of {t.micro_batch_size} per dp rank)", flush=True)
+        if self.model.float8 is not None:
+            self.log(f"llmtrain: {self.model.float8.describe(self.cfg.train.compile)}", flush=True)
         padded = Derived.of(self.cfg).padded_vocab
         if padded != m.vocab_size:
             self.log(f"llmtrain: vocabulary padded {m.vocab_size} -> {padded} rows "
@@ -395,7 +412,7 @@ class Trainer:
         if self.preempt.agreed():
             self.log(f"llmtrain: preemption signal received at step {self.step}", flush=True)
             saved = self.save_checkpoint(asynchronous=False)
-            self.metrics.close()
+            self.metrics.close(status="preempted")
             raise Preempted(self.step, saved)
 
     def maybe_save(self, last: int) -> None:

@@ -1,0 +1,92 @@
+"""FP8 training (precision=fp8) with torchao's float8: the transformer blocks' nn.Linear layers become Float8Linear.
+
+Applied to each model part first, before tensor parallel, recompute, compile and FSDP2 (torchtitan's order), so
+each of those takes the float8 layers as they are. Only the blocks' q/k/v, attention projection, MLP fc and proj
+are converted: the embedding and the tied head stay under bf16 autocast (the head shares the embedding's weight,
+and the logits feed an fp32 loss). Float8Linear keeps the `weight` and `bias` parameters of the layer it replaces,
+so parameter names, checkpoints and exports are those of any other run.
+
+- tensorwise: with FSDP2 sharding parameters (parallel.zero 2 or 3), weights are cast to float8 before they are
+  all-gathered (half the bytes of bf16), and their scales are computed for all weights in one all-reduce after
+  each optimizer step; under tensor parallel torchao's float8 styles cast activations before their collectives.
+- rowwise, rowwise_with_gw_hp: scales per row; FSDP2 gathers bf16 and tensor parallel uses the plain styles.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+from llmtrain.parallel.layout import ParallelDims
+
+FLOAT8_COLLECTIVES_RECIPE = "tensorwise"  # the one recipe whose weights torchao casts before a collective
+
+
+@dataclass
+class Float8Training:
+    recipe: str
+    # Cast weights to float8 before FSDP2's all-gather; needs tensorwise scaling and a shard group of > 1 rank.
+    fsdp_float8_all_gather: bool
+    # torchao's Float8ColwiseParallel / Float8RowwiseParallel in place of the plain tensor-parallel styles.
+    tensor_parallel_styles: bool
+    converted: int = 0  # linear layers converted on this rank
+
+    @classmethod
+    def from_config(cls, cfg, dims: ParallelDims) -> "Float8Training | None":
+        if cfg.precision.name != "fp8":
+            return None
+        recipe = cfg.precision.fp8_recipe
+        tensorwise = recipe == FLOAT8_COLLECTIVES_RECIPE
+        return cls(recipe=recipe, fsdp_float8_all_gather=tensorwise and dims.dp > 1 and dims.dp_shard > 1,
+                   tensor_parallel_styles=tensorwise and dims.tp > 1)
+
+    def linear_config(self):
+        from torchao.float8 import Float8LinearConfig
+
+        config = Float8LinearConfig.from_recipe_name(self.recipe)
+        if self.fsdp_float8_all_gather:
+            import dataclasses
+
+            config = dataclasses.replace(config, enable_fsdp_float8_all_gather=True)
+        return config
+
+    def convert(self, part: nn.Module) -> None:
+        """Swap every nn.Linear inside the part's transformer blocks for a Float8Linear, in place."""
+        from torchao.float8 import convert_to_float8_training
+        from torchao.float8.float8_linear import Float8Linear
+
+        convert_to_float8_training(part.layers, config=self.linear_config())
+        self.converted += sum(isinstance(m, Float8Linear) for m in part.layers.modules())
+
+    def after_optimizer_step(self, parts: list[nn.Module]) -> None:
+        """The float8 scales of every all-gathered weight, in one all-reduce per part (torchao), instead of one
+        amax reduction per weight at each all-gather."""
+        if self.fsdp_float8_all_gather:
+            from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
+
+            for part in parts:
+                precompute_float8_dynamic_scale_for_fsdp(part)
+
+    def describe(self, compiled: bool) -> str:
+        extras = [name for name, on in (("float8 FSDP2 all-gather", self.fsdp_float8_all_gather),
+                                        ("float8 tensor-parallel styles", self.tensor_parallel_styles)) if on]
+        eager = "" if compiled else "; train.compile=false: eager float8 is slower than bf16 (torch.compile fuses " \
+                                    "its scaling and casts), set train.compile=true"
+        return (f"precision=fp8: {self.converted} linear layers in float8 (recipe {self.recipe}"
+                + "".join(f", {e}" for e in extras) + f"), embedding and head in bf16{eager}")
+
+
+def tensor_parallel_styles(float8: bool):
+    """(column-parallel, row-parallel, module-input) styles: torchao's float8 ones or torch's plain ones."""
+    if float8:
+        from torchao.float8.float8_tensor_parallel import (
+            Float8ColwiseParallel,
+            Float8RowwiseParallel,
+            PrepareFloat8ModuleInput,
+        )
+
+        return Float8ColwiseParallel, Float8RowwiseParallel, PrepareFloat8ModuleInput
+    from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel
+
+    return ColwiseParallel, RowwiseParallel, PrepareModuleInput

@@ -1,0 +1,98 @@
+"""The combinations of a sweep. Hydra's own override parser reads the sweep values (`a,b,c`, `range(...)`,
+`choice(...)`, `glob(...)` of a group's options); the combinations are their cartesian product in the order the
+keys were given, the last key varying fastest, as in Hydra's multirun. The order is fixed, so the same command
+gives the same run directories, which is what lets it resume."""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from llmtrain.config.errors import ConfigError
+
+MAX_DIR_NAME = 96  # characters of a run directory's name: `<index>-<swept key=value,...>`, cut to stay short
+_UNSAFE = re.compile(r"[^A-Za-z0-9._,=+@-]")
+
+
+@dataclass(frozen=True)
+class Combination:
+    index: int
+    swept: dict[str, str]  # key (without +/~) -> the value this run takes, as Hydra writes it
+    overrides: tuple[str, ...]  # every override of this run: the command's, each sweep replaced by one value
+
+    @property
+    def label(self) -> str:
+        return ",".join(f"{key}={value}" for key, value in self.swept.items())
+
+    @property
+    def dir_name(self) -> str:
+        """Filesystem-safe and short; the index alone keeps it unique."""
+        name = f"{self.index}-{_UNSAFE.sub('_', self.label)}" if self.swept else str(self.index)
+        return name[:MAX_DIR_NAME]
+
+
+class GroupOptions:
+    """What Hydra's glob() asks a config loader for: the options of a config group, from the config folders."""
+
+    def __init__(self, config_dirs: Iterable[Path]):
+        self.config_dirs = [Path(d) for d in config_dirs]
+
+    def groups(self) -> set[str]:
+        from llmtrain.config.compose import config_groups
+
+        return config_groups(self.config_dirs)
+
+    def get_group_options(self, group: str, results_filter=None, config_name=None, overrides=None) -> list[str]:
+        return sorted({f.stem for d in self.config_dirs for f in (d / group).glob("*.yaml")})
+
+
+def expand(overrides: Sequence[str], config_dirs: Iterable[Path]) -> list[Combination]:
+    """Every combination of the swept values; ConfigError naming the key for a sweep llmtrain cannot run."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    options = GroupOptions(config_dirs)
+    try:
+        parsed = OverridesParser.create(config_loader=options).parse_overrides(list(overrides))
+    except HydraException as e:
+        raise ConfigError(getattr(e, "override", None) or "override", str(e).strip().splitlines()[0]) from None
+    choices: dict[str, list[tuple[str, str]]] = {}  # key as written -> [(value, override)], in the given order
+    swept: set[str] = set()
+    for override in parsed:
+        key = override.get_key_element()
+        if override.is_sweep_override():
+            swept.add(key)
+            choices[key] = [(value, f"{key}={value}") for value in _sweep_values(override, options)]
+        else:
+            swept.discard(key)  # given again with one value: the later one wins, as in Hydra
+            choices[key] = [("", override.input_line)]
+    combinations = []
+    for index, picks in enumerate(itertools.product(*choices.values())):
+        chosen = dict(zip(choices, picks))
+        combinations.append(Combination(
+            index=index, overrides=tuple(override for _, override in picks),
+            swept={key.lstrip("+~"): value for key, (value, _) in chosen.items() if key in swept}))
+    return combinations
+
+
+def _sweep_values(override, options: GroupOptions) -> list[str]:
+    key = override.key_or_group
+    if key == "run.dir":
+        raise ConfigError("run.dir", "in a sweep run.dir is the sweep directory (each run goes to "
+                                     "RUN_DIR/<index>-<overrides>): give it one value")
+    if not override.is_discrete_sweep():
+        raise ConfigError(key, f"{override.input_line.partition('=')[2]} is a continuous range, and a sweep runs "
+                               "a list of values: use a,b,c, range(start,stop[,step]) or choice(...)")
+    if getattr(override.value(), "shuffle", False):
+        raise ConfigError(key, "shuffle(...) gives another order each time, so the same command could not resume "
+                               "the sweep: list the values in one order")
+    if override.value_type.name == "GLOB_CHOICE_SWEEP" and key not in options.groups():
+        raise ConfigError(key, f"glob(...) picks options of a config group ({', '.join(sorted(options.groups()))})"
+                               f", and {key} is not one")
+    values = list(override.sweep_string_iterator())
+    if not values:
+        raise ConfigError(key, f"the sweep {override.input_line.partition('=')[2]} gives no value")
+    return values

@@ -1,0 +1,44 @@
+"""The interface every tracker implements, and the scalars a metrics row becomes."""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+# Set by a sweep in every run it launches: the runs of one sweep are grouped under this name.
+SWEEP_NAME_ENV = "LLMTRAIN_SWEEP_NAME"
+# How a launch ended, as finish() is told.
+STATUSES = ("finished", "failed", "preempted")
+
+
+class Tracker:
+    """One experiment tracker for one launch: start, a log call per metrics row, finish."""
+
+    name = ""  # its entry in RUN_DIR/trackers.json
+    key = ""  # the config key that turns it on
+    title = ""  # its name in messages
+
+    def start(self, config: dict, run_dir: str, resume_id: str | None) -> str:
+        """Open the tracker run (continue `resume_id` when given) with the resolved config; return its id."""
+        raise NotImplementedError
+
+    def log(self, row: dict) -> None:
+        """One metrics row (a train or val row), at the row's step."""
+        raise NotImplementedError
+
+    def finish(self, status: str) -> None:
+        """End the tracker run with the launch's status, one of STATUSES."""
+        raise NotImplementedError
+
+
+def scalars(row: dict) -> dict[str, float]:
+    """A row's numbers under the names TensorBoard also gets (train/loss, val/loss, ...); the step is the x-axis,
+    and missing or non-finite values are left out."""
+    prefix = "val/" if "val_loss" in row else "train/"
+    out = {}
+    for key, value in row.items():
+        if key == "step" or isinstance(value, bool) or not isinstance(value, numbers.Real):
+            continue
+        if math.isfinite(value):
+            out[prefix + key.replace("val_", "")] = value
+    return out
