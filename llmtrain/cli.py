@@ -114,10 +114,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_plan_arguments(plan)
 
-    compare = sub.add_parser("compare", help="two runs' loss curves side by side (table + PNG), largest divergence",
-                             description="Compare the loss curves of two runs: a table of evenly spaced steps, "
-                                         "the largest divergence, and a PNG plot of both curves and their "
-                                         "difference.")
+    compare = sub.add_parser("compare", help="runs or a sweep side by side: one table sorted by best val loss, "
+                                             "one PNG of every loss curve",
+                             description="Compare runs (RUN_DIR... or a SWEEP_DIR): one table of the swept keys "
+                                         "(or the config keys that differ), final loss, best val loss, tokens/s, "
+                                         "MFU and steps, sorted by best val loss; a line when their global batch "
+                                         "or tokens seen differ; one PNG of every loss curve. Two runs also get "
+                                         "their losses at evenly spaced steps and the largest divergence.")
     from llmtrain.report.compare import add_compare_arguments
 
     add_compare_arguments(compare)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from omegaconf import DictConfig
 from rich.console import Console
 
+from llmtrain.config.derived import world_size
 from llmtrain.console import fold_table
 
 
@@ -20,7 +21,7 @@ def per_node(report: dict) -> list[dict]:
 def problems(report: dict, cfg: DictConfig) -> list[str]:
     out = []
     ranks = report["ranks"]
-    expected = cfg.cluster.nnodes * cfg.cluster.nproc_per_node
+    expected = world_size(cfg)
     if len(ranks) != expected:
         out.append(f"{len(ranks)} ranks answered, {expected} expected")
     for key in ("python", "torch", "cuda", "nccl"):

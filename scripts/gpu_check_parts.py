@@ -33,11 +33,14 @@ TITLES = {
     "resume": "6 checkpoint save + resume = uninterrupted",
     "async_save": "7 async checkpoint save vs sync",
     "apex": "8 apex FusedAdam (optim.fused=apex)",
-    "fp8": "9 fp8 training (placeholder)",
+    "fp8": "9 fp8 (torchao float8) vs bf16, compiled",
 }
 PEAK_TOLERANCE = 0.10  # |predicted / measured - 1| for the memory part
 LOSS_TOLERANCE = 1e-3  # relative loss difference of runs that should agree (CUDA kernels may use atomics)
 MIN_PLAIN_RATIO = 0.95  # llmtrain tokens/s / plain loop tokens/s on a GPU
+FP8_STEPS = 30  # enough for the loss to fall well below its start, so agreeing losses mean something
+FP8_LOSS_TOLERANCE = 0.01  # relative difference of fp8's and bf16's loss at the last step
+MIN_FP8_SPEEDUP = 1.0  # fp8 tokens/s / bf16 tokens/s, both compiled
 
 
 class Sizes:
@@ -299,9 +302,39 @@ def part_apex(p: Part) -> tuple[str, str]:
 
 
 def part_fp8(p: Part) -> tuple[str, str]:
-    # FP8: add the float8 training check here (e.g. a short gpt-1.3b run with float8 linears: finite loss,
-    # tokens/s against the bf16 defaults run of part 2) once llmtrain has an fp8 option.
-    return "SKIP", "not written yet: llmtrain has no fp8 option"
+    """gpt-1.3b with train.compile=true in bf16 and in fp8: tokens/s, and the two runs' losses compared by
+    llmtrain's own comparison (`llmtrain compare`, and its divergence function for the figures)."""
+    from llmtrain.config import compose_config
+    from llmtrain.config.fp8 import fp8_problem
+    from llmtrain.report.compare import divergence, load_runs
+
+    s = p.sizes
+    base = [o for o in s.big if not o.startswith("precision=")]
+    base += [*s.batch(s.micro), "optim.fused=torch", "train.compile=true", f"train.max_steps={FP8_STEPS}",
+             "train.warmup_steps=5"]
+    problem = fp8_problem(compose_config([*base, "precision=fp8", *s.common()]))
+    if problem:  # the CPU dry mode, a GPU below compute capability 8.9, no torchao
+        return "SKIP", problem
+    runs = {name: p.launch(f"fp8-{name}", [*base, f"precision={name}"]) for name in ("bf16", "fp8")}
+    argv = [sys.executable, "-m", "llmtrain", "compare", str(runs["bf16"]), str(runs["fp8"])]
+    print("$ " + " ".join(argv), flush=True)
+    subprocess.run(argv, cwd=REPO, stdout=sys.stdout, stderr=sys.stderr)  # the step-by-step table, into the log
+    (bf16, fp8), _ = load_runs([str(runs["bf16"]), str(runs["fp8"])])
+    a, b = bf16.series("loss"), fp8.series("loss")
+    common, worst, worst_diff = divergence(a, b)
+    if not common or common[-1] != FP8_STEPS:
+        return "FAIL", f"steps logged in common: {common}"
+    last = common[-1]
+    apart = abs(b[last] - a[last]) / a[last]
+    fell = a[common[0]] - a[last]
+    speed = {name: steady(run, s.skip)["tokens_per_s"] for name, run in runs.items()}
+    ratio = speed["fp8"] / speed["bf16"]
+    ok = apart <= FP8_LOSS_TOLERANCE and fell > 1.0 and ratio >= MIN_FP8_SPEEDUP
+    return ("PASS" if ok else "FAIL"), (
+        f"gpt-1.3b micro {s.micro}, compiled: fp8 {speed['fp8']:,.0f} / bf16 {speed['bf16']:,.0f} tok/s = "
+        f"{ratio:.3f}x (pass >= {MIN_FP8_SPEEDUP:g}); loss at step {last}: fp8 {b[last]:.4f}, bf16 {a[last]:.4f}, "
+        f"{apart:.2%} apart (pass <= {FP8_LOSS_TOLERANCE:.0%}; bf16 fell {fell:.2f} from step 1; largest "
+        f"divergence {worst_diff:.3e} at step {worst})")
 
 
 PARTS = {"smoke": part_smoke, "throughput": part_throughput, "plain": part_plain, "fp16": part_fp16,

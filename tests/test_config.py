@@ -80,7 +80,7 @@ BAD_INPUTS = [
     (["parallel.tp=two"], "parallel.tp"),                                     # wrong type
     (["doctor.connect_timeout_s=0"], "doctor.connect_timeout_s"),             # checked before any launch
     (["model=gpt-9b"], "model"),                                              # missing group option
-    (["precision=fp8"], "precision"),                                         # missing group option
+    (["precision=fp4"], "precision"),                                         # missing group option
     (["parallel.tp=3", "cluster.nproc_per_node=3"], "parallel.tp"),           # tp does not divide heads
     (["model.d_model=130"], "model.d_model"),                                 # width not divisible by heads
     (["train.global_batch_size=12"], "train.global_batch_size"),              # batch arithmetic (8 x 2)

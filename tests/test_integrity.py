@@ -440,3 +440,16 @@ def test_prune_without_a_protected_one_keeps_the_newest(tmp_path):
         fake_checkpoint(run, f"step-{step:07d}")
     assert store.prune(str(run), keep=2) == [str(run / "checkpoints" / "step-0000002")]
     assert names(run) == ["step-0000004", "step-0000006"]
+
+
+def test_the_finiteness_check_before_a_save_sees_one_bad_element():
+    import torch
+
+    from llmtrain.train.trainer import nonfinite_flag
+
+    good = [torch.randn(3, 4), torch.zeros(0), torch.full((5,), 1e30)]
+    assert nonfinite_flag(good).tolist() == [0.0] and nonfinite_flag([]).tolist() == [0.0]
+    for bad in (float("inf"), float("-inf"), float("nan")):
+        t = torch.randn(1000)
+        t[637] = bad
+        assert nonfinite_flag([*good, t]).tolist() == [1.0], bad

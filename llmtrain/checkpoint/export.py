@@ -23,7 +23,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from llmtrain.config import ConfigError, load_run_config, to_yaml
-from llmtrain.config.validate import padded_vocab_size
+from llmtrain.config.derived import padded_vocab_size
 
 FORMATS = ("safetensors", "hf")
 MODEL_PREFIX = "model."

@@ -24,12 +24,13 @@ from torch.distributed.tensor import DTensor
 from llmtrain.checkpoint import store
 from llmtrain.checkpoint.state import ModelState, OptimizerState
 from llmtrain.config import to_yaml
+from llmtrain.config.derived import world_size
 
 
 def _layout(cfg: DictConfig) -> dict:
     p = cfg.parallel
     return {"dp": p.dp, "tp": p.tp, "pp": p.pp, "zero": p.zero, "virtual_stages": p.virtual_stages,
-            "world_size": cfg.cluster.nnodes * cfg.cluster.nproc_per_node}
+            "world_size": world_size(cfg)}
 
 
 def _free_bytes(path: str) -> int | None:

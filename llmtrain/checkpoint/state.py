@@ -11,6 +11,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.fsdp import FSDPModule
 
 from llmtrain.parallel.build import TIED_COPY, TIED_SOURCE
+from llmtrain.parallel.float8 import plain_weights
 
 SHARDED = dsd.StateDictOptions(full_state_dict=False)  # each rank's own shards
 
@@ -50,7 +51,7 @@ class ModelState(Stateful):
         self.module = as_one_module(parts)
 
     def state_dict(self) -> dict:
-        return to_saved(dsd.get_model_state_dict(self.module, options=SHARDED))
+        return to_saved(plain_weights(dsd.get_model_state_dict(self.module, options=SHARDED)))
 
     def load_state_dict(self, state: dict) -> None:
         live = dsd.get_model_state_dict(self.module, options=SHARDED)

@@ -285,7 +285,7 @@ def _validate_precision_retired(cfg: DictConfig) -> None:
 def _validate_precision(cfg: DictConfig) -> None:
     pr = cfg.precision
     if pr.name == "fp8":  # before the hardware rules, whose answer for a GPU without bf16 would be fp16
-        from llmtrain.config.fp8_support import fp8_problem
+        from llmtrain.config.fp8 import fp8_problem
 
         problem = fp8_problem(cfg)
         _require(problem is None, "precision", problem)

@@ -21,7 +21,8 @@ from llmtrain.config.errors import ConfigError
 PREVIOUS = "previous"
 IDENTITY_KEYS = SHAPE_KEYS + ("train.seed",)
 # What a run leaves in its directory besides checkpoints; moved aside with them.
-RUN_FILES = ("config.yaml", "metrics.jsonl", "logs", "tensorboard", "report", "profile", "slurm")
+RUN_FILES = ("config.yaml", "metrics.jsonl", "logs", "tensorboard", "report", "profile", "slurm", "trackers.json",
+             "wandb", "mlflow.db")
 
 
 def conflict(cfg: DictConfig, run_dir: str, resume_path: str | None, old_cfg: DictConfig | None) -> tuple[str, list]:

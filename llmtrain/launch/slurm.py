@@ -190,6 +190,8 @@ class SlurmBackend(Backend):
         lines += ['head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)', f"port={port}",
                   'echo "llmtrain: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, rendezvous ${head}:${port} '
                   '(restart ${SLURM_RESTART_COUNT:-0})"',
+                  # Rank statuses tell how this start of the job ended: a requeued job's earlier ones go.
+                  f"rm -f {shlex.quote(os.path.join(self.run_dir, 'logs'))}/rank*.status",
                   # Every rank's log in one file with [node/rank] prefixes, while srun runs (combined_log.py).
                   f"{shlex.quote(host_python(self.cfg))} -m llmtrain.launch.combined_log "
                   f"{shlex.quote(self.run_dir)} & merger=$!",

@@ -14,13 +14,14 @@ so parameter names, checkpoints and exports are those of any other run.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, replace
 
 from torch import nn
+from torch.distributed.tensor import DTensor
 
+from llmtrain.config.fp8 import float8_all_gather, float8_tensor_parallel
 from llmtrain.parallel.layout import ParallelDims
-
-FLOAT8_COLLECTIVES_RECIPE = "tensorwise"  # the one recipe whose weights torchao casts before a collective
 
 
 @dataclass
@@ -36,20 +37,14 @@ class Float8Training:
     def from_config(cls, cfg, dims: ParallelDims) -> "Float8Training | None":
         if cfg.precision.name != "fp8":
             return None
-        recipe = cfg.precision.fp8_recipe
-        tensorwise = recipe == FLOAT8_COLLECTIVES_RECIPE
-        return cls(recipe=recipe, fsdp_float8_all_gather=tensorwise and dims.dp > 1 and dims.dp_shard > 1,
-                   tensor_parallel_styles=tensorwise and dims.tp > 1)
+        return cls(recipe=cfg.precision.fp8_recipe, fsdp_float8_all_gather=float8_all_gather(cfg, dims),
+                   tensor_parallel_styles=float8_tensor_parallel(cfg))
 
     def linear_config(self):
         from torchao.float8 import Float8LinearConfig
 
         config = Float8LinearConfig.from_recipe_name(self.recipe)
-        if self.fsdp_float8_all_gather:
-            import dataclasses
-
-            config = dataclasses.replace(config, enable_fsdp_float8_all_gather=True)
-        return config
+        return replace(config, enable_fsdp_float8_all_gather=True) if self.fsdp_float8_all_gather else config
 
     def convert(self, part: nn.Module) -> None:
         """Swap every nn.Linear inside the part's transformer blocks for a Float8Linear, in place."""
@@ -90,3 +85,21 @@ def tensor_parallel_styles(float8: bool):
     from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel
 
     return ColwiseParallel, RowwiseParallel, PrepareModuleInput
+
+
+def plain_weights(state: dict) -> dict:
+    """A model state dict with torchao's float8 all-gather weights replaced by the fp32 shard each one wraps (the
+    same storage), so checkpoints hold plain tensors: they load without torchao (a bf16 run, `llmtrain ckpt
+    export`) and pass torch.load's weights-only check, which refuses torchao's wrapper class."""
+    fsdp_utils = sys.modules.get("torchao.float8.fsdp_utils")
+    if fsdp_utils is None:  # torchao never loaded: no float8 layers in this process
+        return state
+    wrapper = fsdp_utils.WeightWithDynamicFloat8CastTensor
+
+    def plain(value):
+        if isinstance(value, DTensor) and isinstance(value.to_local(), wrapper):
+            return DTensor.from_local(value.to_local()._tensor, value.device_mesh, value.placements,
+                                      shape=value.shape, stride=value.stride())
+        return value._tensor if isinstance(value, wrapper) else value
+
+    return {name: plain(value) for name, value in state.items()}

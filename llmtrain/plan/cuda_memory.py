@@ -25,14 +25,26 @@ size (nll_loss's gradient and log_softmax's). The peak is the largest of four mo
 the end of its forward, the start of its backward (the loss), during the blocks' backward, and the optimizer step
 (fp32 gradients, AdamW moments and the update's temporaries). The caching allocator rounds each block to 512
 bytes, which is negligible at these sizes and not modelled.
+
+precision=fp8 (torchao Float8Linear in the blocks, bf16 autocast elsewhere) differs in three places. A float8 layer
+casts its weight to float8 inside each matmul and saves the weight it was given, so without FSDP no bf16 copy of
+the blocks' weights exists (the head's remains); the float8 copies of the largest matmul's weight, input and
+output gradient (1 byte each) are alive during its backward. It saves its input in bf16, as autocast does, except
+under torchao's float8 tensor-parallel styles (tensorwise, tp > 1), which cast each block input once before its
+all-gather and the row-parallel inputs before their matmul: LN1's and LN2's outputs are kept as one float8 copy
+each, the attention output as a float8 copy besides the one attention keeps, and the GELU output in float8 only.
+FSDP2 all-gathers tensorwise weights in float8 (estimate.py). Under train.compile inductor may save float8 casts
+instead of bf16 inputs; that is not modelled (the eager terms are used).
 """
 
 from __future__ import annotations
 
-from llmtrain.config.validate import padded_vocab_size
+from llmtrain.config.derived import DTYPE_BYTES, padded_vocab_size
+from llmtrain.config.fp8 import float8_tensor_parallel, float8_weights_per_block
 
 FP32 = 4
-SIZES = {"float32": 4, "bfloat16": 2, "float16": 2}
+FP8 = 1
+SIZES = DTYPE_BYTES
 
 
 def applies(cfg, hw: dict) -> bool:
@@ -61,7 +73,10 @@ def layer_bytes(cfg, micro_batch: int, mode: str | None = None) -> float:
     if mode == "full":
         return FP32 * sbh / sp
     split = (4 * attention_ratio(cfg) + 8) * c / t  # head- or hidden-sharded under tensor parallel
-    if cfg.train.compile:
+    if float8_tensor_parallel(cfg):  # one float8 cast of each LN output; float8 copies of the row-parallel inputs
+        replicated = 2 * FP32 / sp + 2 * FP8
+        split = (4 * attention_ratio(cfg) * c + attention_ratio(cfg) * FP8 + 4 * c + 4 * FP8) / t
+    elif cfg.train.compile:
         replicated = FP32 / sp + c + c / sp + c  # LN1 input, its one cast, attention projection output, LN2 cast
     else:
         replicated = 2 * FP32 / sp + 4 * c  # LN inputs; three casts of LN1's output, one of LN2's
@@ -72,6 +87,12 @@ def block_params_per_rank(cfg, block: int, block_split: int) -> int:
     return block - block_split + block_split // cfg.parallel.tp
 
 
+def copied_block_params(cfg, dims, block_per_rank: int) -> int:
+    """Parameters of one block that autocast copies to the compute dtype: all but, without FSDP, the float8
+    layers' weights (FSDP's compute-dtype parameters are what every layer is given, float8 or not)."""
+    return block_per_rank - (float8_weights_per_block(cfg) if dims.dp == 1 else 0)
+
+
 def weight_copies(cfg, dims, stage, recomputed: int, block_per_rank: int) -> tuple[float, float]:
     """(bytes of compute-dtype weight copies autograd saves, bytes of copies held otherwise at the backward peak)
     for one stage; `recomputed` of its blocks run under full recompute."""
@@ -79,13 +100,14 @@ def weight_copies(cfg, dims, stage, recomputed: int, block_per_rank: int) -> tup
         return 0.0, 0.0  # FSDP's gathered compute-dtype parameters: counted in the state
     c = _compute_size(cfg)
     m, tp = cfg.model, cfg.parallel.tp
-    cast = stage.params_per_rank
+    copied = copied_block_params(cfg, dims, block_per_rank)
+    cast = stage.params_per_rank - (block_per_rank - copied) * len(stage.layers)  # float8 weights: no copy
     if stage.stage == 0:  # the embeddings are looked up in fp32; only the tied head (last stage) is a matmul
         cast -= m.seq_len * m.d_model
         if stage.stage != cfg.parallel.pp * cfg.parallel.virtual_stages - 1:
             cast -= padded_vocab_size(m) * m.d_model // tp
     whole = cast * c
-    dropped = recomputed * block_per_rank * c if cfg.recompute.mode == "full" else 0.0
+    dropped = recomputed * copied * c if cfg.recompute.mode == "full" else 0.0
     # A pipeline's autocast cache, or FSDP's unsharded parameters (zero 0), keep the copies autograd does not.
     held = dropped if (cfg.parallel.pp > 1 or dims.dp > 1) else 0.0
     return whole - dropped, held
@@ -95,7 +117,17 @@ def cached_only_bytes(cfg, dims, recomputed: int, block_per_rank: int) -> float:
     """Copies of recomputed blocks' weights that only autocast's cache holds: alive until the forward ends."""
     if cfg.recompute.mode != "full" or cfg.parallel.pp > 1 or dims.dp > 1:
         return 0.0
-    return recomputed * block_per_rank * _compute_size(cfg)
+    return recomputed * copied_block_params(cfg, dims, block_per_rank) * _compute_size(cfg)
+
+
+def float8_transient_bytes(cfg, micro_batch: int) -> float:
+    """precision=fp8: the float8 copies of the largest block matmul's (the MLP fc's) weight, input and output
+    gradient, alive during its backward; 0 otherwise."""
+    if cfg.precision.name != "fp8":
+        return 0.0
+    m, t = cfg.model, cfg.parallel.tp
+    sbh = m.seq_len * micro_batch * m.d_model
+    return FP8 * (4 * m.d_model * m.d_model / t + sbh + 4 * sbh / t)
 
 
 def logits_bytes(cfg, micro_batch: int) -> float:

@@ -18,12 +18,14 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from llmtrain.config.schema import SINGLE_STAGE_SCHEDULES
-from llmtrain.config.validate import padded_vocab_size
+from llmtrain.config.derived import DTYPE_BYTES, padded_vocab_size
+from llmtrain.config.fp8 import float8_all_gather, float8_tensor_parallel, float8_weights_per_block
 from llmtrain.parallel import layout as pp_lib
 from llmtrain.parallel.layout import ParallelDims
 from llmtrain.plan import cuda_memory
 
-BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+BYTES = DTYPE_BYTES
+FP8 = 1
 # Elements per s*b*h that one layer keeps for backward (see the module docstring); replicated part under TP.
 ACT_PER_LAYER, ACT_REPLICATED, ACT_LN_INPUTS = 16, 4, 2
 
@@ -145,8 +147,22 @@ def in_flight(cfg, stage_rank: int, micro: int) -> float:
     return base
 
 
-def state_bytes(cfg, dims: ParallelDims, params_per_rank: int) -> dict:
-    """fp32 parameters, fp32 gradients, two fp32 AdamW moments; ZeRO shards them over the dp_shard group."""
+def float8_gather_saving(cfg, dims: ParallelDims, layers: int) -> float:
+    """Bytes per rank FSDP2 gathers less for `layers` blocks under fp8's tensorwise recipe: the float8 layers'
+    weights at 1 byte instead of the compute dtype's."""
+    if not float8_all_gather(cfg, dims):
+        return 0.0
+    return layers * float8_weights_per_block(cfg) * (BYTES[cfg.precision.compute_dtype] - FP8)
+
+
+def float8_flops_per_token(cfg) -> float:
+    """Training FLOPs per token of the blocks' float8 matmuls (6 x their weights); 0 unless precision=fp8."""
+    return 6.0 * cfg.model.n_layers * float8_weights_per_block(cfg) * cfg.parallel.tp
+
+
+def state_bytes(cfg, dims: ParallelDims, params_per_rank: int, layers: int = 0) -> dict:
+    """fp32 parameters, fp32 gradients, two fp32 AdamW moments; ZeRO shards them over the dp_shard group.
+    `layers`: the stage's blocks, whose float8 weights fp8 may gather in float8."""
     shard = dims.dp_shard
     zero = dims.zero
     params = params_per_rank * 4 / (shard if zero == 3 else 1)
@@ -156,10 +172,11 @@ def state_bytes(cfg, dims: ParallelDims, params_per_rank: int) -> dict:
     if zero == 2:
         params = params_per_rank * 4 / shard
     compute = BYTES[cfg.precision.compute_dtype]
+    whole = params_per_rank * compute - float8_gather_saving(cfg, dims, layers)
     if zero == 2 and dims.dp > 1:
-        gathered = params_per_rank * compute
+        gathered = whole
     elif zero == 3 and dims.dp > 1:
-        gathered = 2 * params_per_rank * compute / max(1, cfg.model.n_layers)  # ~two blocks at a time
+        gathered = 2 * whole / max(1, cfg.model.n_layers)  # ~two blocks at a time
     else:
         gathered = 0.0
     return {"params": params, "grads": grads, "optimizer": optim, "gathered_params": gathered}
@@ -210,7 +227,8 @@ def comm_bytes(cfg, dims: ParallelDims, plan_stage: StagePlan, micro: int) -> di
     mb = cfg.train.micro_batch_size
     act = BYTES[cfg.precision.compute_dtype] * m.seq_len * mb * m.d_model
     grad_bytes = plan_stage.params_per_rank * BYTES[cfg.precision.reduce_dtype]
-    param_bytes = plan_stage.params_per_rank * BYTES[cfg.precision.compute_dtype]
+    param_bytes = (plan_stage.params_per_rank * BYTES[cfg.precision.compute_dtype]
+                   - float8_gather_saving(cfg, dims, len(plan_stage.layers)))
     out = {"dp": 0.0, "tp": 0.0, "pp": 0.0}
     n = dims.dp_shard
     if dims.dp > 1:
@@ -224,6 +242,8 @@ def comm_bytes(cfg, dims: ParallelDims, plan_stage: StagePlan, micro: int) -> di
     if p.tp > 1:
         # 2 all-reduces forward + 2 backward per layer per micro-batch (or the same volume as AG + RS with SP).
         per_layer = 4 * 2 * (p.tp - 1) / p.tp * act
+        if float8_tensor_parallel(cfg) and p.sequence_parallel:
+            per_layer *= (1 + FP8 / BYTES[cfg.precision.compute_dtype]) / 2  # fp8: both all-gathers in float8
         out["tp"] = per_layer * len(plan_stage.layers) * micro
     if p.pp > 1:
         out["pp"] = 2 * act / p.tp * micro  # activations forward, their gradients backward, per boundary
@@ -274,7 +294,7 @@ def build_plan(cfg, peak_flops: float, memory_bytes: float | None, hw: dict) -> 
             s.activation_bytes += saved
         if s.stage == len(stages) - 1:
             s.activation_bytes += (cuda_memory.loss_saved_bytes if cuda else loss_bytes)(cfg, t.micro_batch_size)
-        s.state_bytes = state_bytes(cfg, dims, s.params_per_rank)
+        s.state_bytes = state_bytes(cfg, dims, s.params_per_rank, len(s.layers))
     # A rank's peak, at the start of the last micro-batch's backward: model state, live activations, the
     # pipeline runtime's buffers and one backward temporary. Without accumulation no gradient exists yet then,
     # and backward frees each layer's activations as it makes that layer's gradients: the larger of the two counts.
@@ -285,6 +305,8 @@ def build_plan(cfg, peak_flops: float, memory_bytes: float | None, hw: dict) -> 
         rework += cuda_memory.cached_only_bytes(cfg, dims, 1, block_per_rank)
     transient = (backward_temporary_bytes(cfg, t.micro_batch_size) + rework
                  + tp_collective_bytes(cfg, t.micro_batch_size))
+    if cuda:
+        transient += cuda_memory.float8_transient_bytes(cfg, t.micro_batch_size)
     boundary = cuda_memory.boundary_bytes_per_element() if cuda else None
     rank_peaks = {}
     for r, ids in ranks_stages.items():
@@ -315,7 +337,12 @@ def build_plan(cfg, peak_flops: float, memory_bytes: float | None, hw: dict) -> 
     recompute_factor = {"none": 1.0, "selective": 1.0 + 0.05, "full": 4.0 / 3.0}[cfg.recompute.mode]
     if cfg.recompute.mode == "full" and cfg.recompute.every > 1:
         recompute_factor = 1.0 + (1.0 / 3.0) / cfg.recompute.every
-    compute_s = fpt * tokens / world * recompute_factor / (peak_flops * hw["efficiency"])
+    # precision=fp8: the blocks' float8 matmuls at the float8 peak (when the hardware has one), the rest as before.
+    float8_fpt, float8_peak = float8_flops_per_token(cfg), hw.get("peaks", {}).get("float8")
+    if not float8_peak:
+        float8_fpt, float8_peak = 0.0, 1.0
+    flop_s = (fpt - float8_fpt) / peak_flops + float8_fpt / (float8_peak * 1e12)  # seconds per token's FLOPs
+    compute_s = flop_s * tokens / world * recompute_factor / hw["efficiency"]
     bubble = (p.pp - 1) / (p.virtual_stages * micro + p.pp - 1) if p.pp > 1 else 0.0
     comm = comm_bytes(cfg, dims, stages[heaviest], micro)
     intra, inter = hw["intra_node_gbs"] * 1e9, hw["inter_node_gbs"] * 1e9
@@ -335,6 +362,11 @@ def build_plan(cfg, peak_flops: float, memory_bytes: float | None, hw: dict) -> 
                      "optimizer step")
     notes.append(f"step time assumes matmuls at {hw['efficiency']:.0%} of peak, TP/PP transfers exposed, "
                  "DP overlapped with backward")
+    if float8_fpt:
+        notes.append(f"fp8: the blocks' float8 matmuls ({float8_fpt / fpt:.0%} of the FLOPs) at the float8 peak "
+                     f"({float8_peak:,.0f} TFLOPS), the rest at the {cfg.precision.compute_dtype} peak; float8 "
+                     "scaling and casts (memory-bound; train.compile fuses them) are not counted, so the speed-up "
+                     f"is an upper bound; MFU is against the {cfg.precision.compute_dtype} peak")
     return Plan(params_total=total, params_non_embedding=non_embedding, flops_per_token=fpt, world_size=world,
                 dims={"dp": dims.dp, "dp_shard": dims.dp_shard, "tp": p.tp, "pp": p.pp,
                       "virtual_stages": p.virtual_stages, "zero": dims.zero, "schedule": p.pp_schedule,

@@ -90,9 +90,9 @@ def missing_peak(hw: dict, compute_dtype: str) -> str:
 
 
 def resolve(hw_cfg, compute_dtype: str, load_profile, device_type: str | None = None) -> dict:
-    """{name, device, peak_tflops (for compute_dtype; None when unknown), memory_gib, intra_node_gbs,
-    inter_node_gbs, efficiency, compute_capability}. hardware=auto detects the GPU (or the CPU) here; a GPU
-    without the compute dtype raises ConfigError."""
+    """{name, device, peak_tflops (for compute_dtype; None when unknown), peaks (every dtype's known peak),
+    memory_gib, intra_node_gbs, inter_node_gbs, efficiency, compute_capability}. hardware=auto detects the GPU
+    (or the CPU) here; a GPU without the compute dtype raises ConfigError."""
     name, device, profile = hw_cfg.name, None, hw_cfg
     if name == "auto":
         device = device_name(device_type)
@@ -102,7 +102,8 @@ def resolve(hw_cfg, compute_dtype: str, load_profile, device_type: str | None = 
     if name not in ("cpu", UNKNOWN_GPU):
         check_dtype(dict(profile.peak_tflops), name, compute_dtype, device)
     # Peaks and memory given on the command line win over the detected profile's.
-    peak = {**profile.peak_tflops, **hw_cfg.peak_tflops}.get(compute_dtype)
+    peaks = {**profile.peak_tflops, **hw_cfg.peak_tflops}
+    peak = peaks.get(compute_dtype)
     memory = hw_cfg.memory_gib if hw_cfg.memory_gib is not None else profile.memory_gib
     capability = profile.compute_capability
     if name == "cpu":
@@ -115,6 +116,7 @@ def resolve(hw_cfg, compute_dtype: str, load_profile, device_type: str | None = 
         memory = memory if memory is not None else device_memory_gib()
         capability = device_capability()
     return {"name": name, "device": device, "peak_tflops": None if peak is None else float(peak),
+            "peaks": {dtype: float(tflops) for dtype, tflops in peaks.items()},
             "memory_gib": memory, "intra_node_gbs": float(profile.intra_node_gbs),
             "inter_node_gbs": float(profile.inter_node_gbs), "efficiency": float(getattr(hw_cfg, "efficiency", 0.5)),
             "compute_capability": capability}

@@ -1,29 +1,206 @@
-"""`llmtrain compare RUN_A RUN_B`: two loss curves side by side, as a table and a PNG, with the largest
-divergence (e.g. an fp16 run against fp32, or a new layout against a reference)."""
+"""`llmtrain compare RUN_DIR... | SWEEP_DIR`: one table of the runs (the swept keys of a sweep, else the config
+keys that differ between them; final loss, best val loss, tokens/s, MFU, steps) sorted by best val loss, a line
+for a global batch or token count that differs between them, and one PNG with every loss curve. Two runs also get
+the old side-by-side view: their losses at evenly spaced steps and the largest divergence (e.g. an fp16 run
+against fp32, or a new layout against a reference)."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
+from dataclasses import dataclass, field
+from functools import cached_property
 
 from llmtrain.config.errors import ConfigError
 from llmtrain.console import fold_table, get_console
+from llmtrain.report.run_report import fmt_loss, fmt_mfu, fmt_tokens_per_s
 from llmtrain.train.metrics import read_metrics
+
+PLOT_NAME = "compare.png"
+# Keys that differ between any two runs without making them different experiments.
+NOT_A_DIFFERENCE = ("run.dir", "checkpoint.resume", "cluster.master_port", "cluster.node_rank", "run.overwrite")
 
 
 def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_a", metavar="RUN_A", help="run directory (the reference)")
-    parser.add_argument("run_b", metavar="RUN_B", help="run directory to compare")
-    parser.add_argument("--png", default=None, metavar="FILE",
-                        help="plot file (default RUN_B/compare.png); needs matplotlib (pip install matplotlib)")
-    parser.add_argument("--rows", type=int, default=20, help="table rows (evenly spaced steps; default 20)")
+    parser.add_argument("dirs", nargs="+", metavar="DIR",
+                        help="run directories, or a sweep directory (it holds sweep.yaml: its runs)")
+    parser.add_argument("--plot", "--png", dest="plot", default=None, metavar="FILE",
+                        help=f"the PNG of every loss curve (default: the first DIR's {PLOT_NAME}); needs matplotlib "
+                             "(pip install 'llmtrain[plot]')")
+    parser.add_argument("--rows", type=int, default=20,
+                        help="two runs: rows of their step-by-step loss table (evenly spaced steps; default 20)")
 
 
-def losses(run_dir: str, key: str = "loss") -> dict[int, float]:
-    path = os.path.join(run_dir, "metrics.jsonl")
-    if not os.path.isfile(path):
-        raise ConfigError(run_dir, "not a run directory: no metrics.jsonl")
-    return {r["step"]: r[key] for r in read_metrics(path) if r.get(key) is not None}
+# ---------------------------------------------------------------------------------------------------- runs
+
+@dataclass
+class Run:
+    dir: str
+    rows: list[dict]
+    cfg: object = None  # config.yaml, typed; None when the directory has none
+    params: dict[str, str] = field(default_factory=dict)  # the swept values, for a run of a sweep
+
+    @property
+    def name(self) -> str:
+        return os.path.basename(os.path.normpath(self.dir))
+
+    def series(self, key: str) -> dict[int, float]:
+        return {r["step"]: float(r[key]) for r in self.rows if isinstance(r.get("step"), int) and _number(r.get(key))}
+
+    @property
+    def train(self) -> list[dict]:
+        return [r for r in self.rows if _number(r.get("loss"))]
+
+    @property
+    def final_loss(self) -> float | None:
+        return float(self.train[-1]["loss"]) if self.train else None
+
+    @property
+    def best_val_loss(self) -> float | None:
+        return min(self.series("val_loss").values(), default=None)
+
+    def median_after_warmup(self, key: str) -> float | None:
+        """As llmtrain report gives it: the first logged step (warm-up) is left out when there are others."""
+        values = [float(r[key]) for r in self.train if _number(r.get(key))]
+        return statistics.median(values[1:] if len(values) > 1 else values) if values else None
+
+    @property
+    def last_step(self) -> int | None:
+        return max((r["step"] for r in self.rows if isinstance(r.get("step"), int)), default=None)
+
+    @property
+    def tokens_seen(self) -> int | None:
+        tokens = [r["tokens"] for r in self.train if _number(r.get("tokens"))]
+        return int(tokens[-1]) if tokens else None
+
+    @cached_property
+    def flat_config(self) -> dict[str, object]:
+        """config.yaml as {dotted key: value} ({} when there is none)."""
+        if self.cfg is None:
+            return {}
+        from llmtrain.config.compose import to_plain
+
+        flat: dict[str, object] = {}
+
+        def walk(node, prefix: str) -> None:
+            if isinstance(node, dict):
+                for k, v in node.items():
+                    walk(v, f"{prefix}{k}.")
+            else:
+                flat[prefix[:-1]] = node
+
+        walk(to_plain(self.cfg), "")
+        return flat
+
+    @property
+    def global_batch(self) -> tuple[int, int] | None:
+        """(sequences, tokens per sequence) of one optimizer step."""
+        if self.cfg is None:
+            return None
+        return int(self.cfg.train.global_batch_size), int(self.cfg.model.seq_len)
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def load_runs(dirs: list[str]) -> tuple[list[Run], list[str] | None]:
+    """The runs named on the command line (a sweep directory stands for its runs), and the swept keys when the
+    command named one sweep directory (else None: the table shows the keys that differ)."""
+    from llmtrain.sweep import record
+
+    runs, swept = [], None
+    for d in dirs:
+        sweep = record.read(d)
+        if sweep is None:
+            runs.append(_load_run(d, {}, required=True))
+            continue
+        params = [run.get("params") or {} for run in sweep["runs"] if isinstance(run, dict)]
+        runs += [_load_run(path, p, required=False) for path, p in zip(record.run_dirs(d, sweep), params)]
+        if len(dirs) == 1:
+            swept = [str(k) for k in sweep.get("swept") or []]
+    if not any(run.rows for run in runs):
+        raise ConfigError(dirs[0], "no run has metrics yet (metrics.jsonl)")
+    return runs, swept
+
+
+def _load_run(run_dir: str, params: dict, required: bool) -> Run:
+    """A run directory's metrics and config; a run of a sweep that has not started yet has neither."""
+    metrics = os.path.join(run_dir, "metrics.jsonl")
+    if required and not os.path.isfile(metrics):
+        raise ConfigError(run_dir, "not a run directory (no metrics.jsonl) nor a sweep directory (no sweep.yaml)")
+    cfg = None
+    if os.path.isfile(os.path.join(run_dir, "config.yaml")):
+        from llmtrain.config import load_run_config
+
+        cfg = load_run_config(os.path.join(run_dir, "config.yaml"))
+    return Run(run_dir, read_metrics(metrics) if os.path.isfile(metrics) else [], cfg,
+               {str(k): str(v) for k, v in params.items()})
+
+
+def differing_keys(runs: list[Run]) -> list[str]:
+    """The config keys whose values are not the same in every run's config.yaml."""
+    flat = [run.flat_config for run in runs if run.cfg is not None]
+    keys = sorted({k for f in flat for k in f} - set(NOT_A_DIFFERENCE))
+    return [k for k in keys if len({repr(f.get(k, "<absent>")) for f in flat}) > 1]
+
+
+def key_value(run: Run, key: str, swept: bool) -> str:
+    if swept:
+        return run.params.get(key, "-")
+    return str(run.flat_config.get(key, "-"))
+
+
+def ranked(runs: list[Run]) -> list[Run]:
+    """By best val loss; runs without one last, in their given order."""
+    return sorted(runs, key=lambda run: (run.best_val_loss is None, run.best_val_loss or 0.0))
+
+
+# ---------------------------------------------------------------------------------------------------- table
+
+def _fmt(value, fmt) -> str:
+    return "-" if value is None else fmt(value)
+
+
+def runs_table(runs: list[Run], keys: list[str], swept: bool, title: str):
+    table = fold_table(title)
+    table.add_column("run")
+    for key in keys:
+        table.add_column(key)
+    for col in ("final loss", "best val loss", "tokens/s", "MFU", "steps"):
+        table.add_column(col, justify="right")
+    for run in runs:
+        max_steps = run.cfg.train.max_steps if run.cfg is not None else None
+        steps = "-" if run.last_step is None else f"{run.last_step}" + (f"/{max_steps}" if max_steps else "")
+        table.add_row(run.name, *(key_value(run, k, swept) for k in keys), _fmt(run.final_loss, fmt_loss),
+                      _fmt(run.best_val_loss, fmt_loss), _fmt(run.median_after_warmup("tokens_per_s"),
+                                                              fmt_tokens_per_s),
+                      _fmt(run.median_after_warmup("mfu"), fmt_mfu), steps)
+    return table
+
+
+def difference_notes(runs: list[Run]) -> list[str]:
+    """A line for each of: a global batch, or a count of tokens seen, that is not the same in every run."""
+    notes = []
+    batches = _grouped(runs, lambda run: run.global_batch)
+    if len(batches) > 1:
+        notes.append("note: the global batch differs between the runs, so a step is not the same amount of data: "
+                     + "; ".join(f"{b[0]} x {b[1]} = {b[0] * b[1]:,} tokens per step in {', '.join(names)}"
+                                 for b, names in batches.items()))
+    seen = _grouped(runs, lambda run: run.tokens_seen)
+    if len(seen) > 1:
+        notes.append("note: the runs saw different numbers of tokens: "
+                     + "; ".join(f"{tokens:,} in {', '.join(names)}" for tokens, names in seen.items()))
+    return notes
+
+
+def _grouped(runs: list[Run], value) -> dict:
+    groups: dict = {}
+    for run in runs:
+        if run.rows and value(run) is not None:
+            groups.setdefault(value(run), []).append(run.name)
+    return groups
 
 
 def divergence(a: dict[int, float], b: dict[int, float]) -> tuple[list[int], int | None, float]:
@@ -34,53 +211,92 @@ def divergence(a: dict[int, float], b: dict[int, float]) -> tuple[list[int], int
     return common, worst, abs(a[worst] - b[worst])
 
 
-def plot(a: dict[int, float], b: dict[int, float], names: tuple[str, str], path: str) -> None:
+def print_pair(console, a: Run, b: Run, rows: int) -> None:
+    """Two runs: their train losses at evenly spaced steps, and the largest divergence."""
+    la, lb = a.series("loss"), b.series("loss")
+    common, worst, worst_diff = divergence(la, lb)
+    if not common:
+        console.print(f"{a.name} and {b.name} have no logged step in common", highlight=False)
+        return
+    table = fold_table(f"train loss: {a.name} vs {b.name}")
+    for col in ("step", a.name, b.name, "diff"):
+        table.add_column(col, justify="right")
+    stride = max(1, len(common) // max(1, rows))
+    for s in sorted(set(common[::stride]) | {common[-1], worst}):
+        table.add_row(str(s), f"{la[s]:.6f}", f"{lb[s]:.6f}", f"{lb[s] - la[s]:+.2e}")
+    console.print(table)
+    _, vworst, vdiff = divergence(a.series("val_loss"), b.series("val_loss"))
+    console.print(f"largest train-loss divergence: {worst_diff:.3e} at step {worst} ({len(common)} common steps)"
+                  + (f"; largest val-loss divergence: {vdiff:.3e} at step {vworst}" if vworst is not None else ""),
+                  highlight=False)
+
+
+# ---------------------------------------------------------------------------------------------------- plot
+
+def _pyplot():
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise ConfigError("--png", "the plot needs matplotlib: pip install matplotlib (or llmtrain[plot])") from None
-    common = sorted(set(a) & set(b))
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True, height_ratios=(3, 1))
-    top.plot(sorted(a), [a[s] for s in sorted(a)], label=names[0])
-    top.plot(sorted(b), [b[s] for s in sorted(b)], label=names[1], linestyle="--")
-    top.set_ylabel("train loss")
-    top.legend()
-    top.grid(alpha=0.3)
-    bottom.plot(common, [b[s] - a[s] for s in common], color="tab:red")
-    bottom.set_ylabel(f"{names[1]} - {names[0]}")
-    bottom.set_xlabel("step")
-    bottom.grid(alpha=0.3)
-    fig.tight_layout()
-    tmp = path + ".tmp.png"
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    os.replace(tmp, path)
+        raise ConfigError("--plot", "the plot needs matplotlib: pip install 'llmtrain[plot]' (or pip install "
+                                    "matplotlib)") from None
+    return plt
 
+
+def plot(runs: list[Run], path: str) -> None:
+    """Every run's train loss (a line) and val loss (dots of the same colour); with two runs, their difference
+    below. Written atomically."""
+    plt = _pyplot()
+    pair = len(runs) == 2
+    if pair:
+        fig, (ax, below) = plt.subplots(2, 1, figsize=(9, 6.5), sharex=True, height_ratios=(3, 1))
+    else:
+        fig, ax = plt.subplots(figsize=(9, 5.5))
+    for run in runs:
+        train, val = run.series("loss"), run.series("val_loss")
+        line, = ax.plot(sorted(train), [train[s] for s in sorted(train)], label=run.name, linewidth=1.2)
+        if val:
+            ax.plot(sorted(val), [val[s] for s in sorted(val)], "o", color=line.get_color(), markersize=4)
+    ax.set(ylabel="loss (line: train, dots: val)", title="loss")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    if pair:
+        a, b = runs[0].series("loss"), runs[1].series("loss")
+        common = sorted(set(a) & set(b))
+        below.plot(common, [b[s] - a[s] for s in common], color="tab:red")
+        below.set_ylabel(f"{runs[1].name} - {runs[0].name}", fontsize="small")
+        below.grid(alpha=0.3)
+    (below if pair else ax).set_xlabel("step")
+    ax.xaxis.get_major_locator().set_params(integer=True)  # steps: no 1.25
+    fig.tight_layout()
+    tmp = f"{path}.tmp.{os.getpid()}.png"
+    try:
+        fig.savefig(tmp, dpi=100)
+        os.replace(tmp, path)
+    except OSError as e:
+        raise ConfigError("--plot", f"cannot write {path}: {e.strerror or e}") from None
+    finally:
+        plt.close(fig)
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+# ---------------------------------------------------------------------------------------------------- command
 
 def run_compare(args) -> int:
-    a, b = losses(args.run_a), losses(args.run_b)
-    names = (os.path.basename(os.path.normpath(args.run_a)), os.path.basename(os.path.normpath(args.run_b)))
-    common, worst, worst_diff = divergence(a, b)
+    runs, swept = load_runs(args.dirs)
+    keys = swept if swept is not None else differing_keys(runs)
     console = get_console()
-    if not common:
-        raise ConfigError(args.run_b, f"no logged step in common with {args.run_a}")
-    table = fold_table(f"train loss: {names[0]} vs {names[1]}")
-    for col in ("step", names[0], names[1], "diff"):
-        table.add_column(col, justify="right")
-    stride = max(1, len(common) // max(1, args.rows))
-    shown = sorted(set(common[::stride]) | {common[-1], worst})
-    for s in shown:
-        table.add_row(str(s), f"{a[s]:.6f}", f"{b[s]:.6f}", f"{b[s] - a[s]:+.2e}")
-    console.print(table)
-    va, vb = losses(args.run_a, "val_loss"), losses(args.run_b, "val_loss")
-    _, vworst, vdiff = divergence(va, vb)
-    console.print(f"largest train-loss divergence: {worst_diff:.3e} at step {worst} ({len(common)} common steps)"
-                  + (f"; largest val-loss divergence: {vdiff:.3e} at step {vworst}" if vworst is not None else ""),
-                  highlight=False)
-    png = args.png or os.path.join(args.run_b, "compare.png")
-    plot(a, b, names, png)
-    console.print(f"plot: {png}", highlight=False)
+    what = f"sweep {os.path.basename(os.path.normpath(args.dirs[0]))}" if swept is not None else "runs"
+    console.print(runs_table(ranked(runs), keys, swept is not None,
+                             f"{what}: {len(runs)} run(s), best val loss first"))
+    for note in difference_notes(runs):
+        console.print(note, markup=False, highlight=False, soft_wrap=True)
+    if len(runs) == 2:
+        print_pair(console, runs[0], runs[1], args.rows)
+    path = args.plot or os.path.join(args.dirs[0], PLOT_NAME)
+    plot([run for run in runs if run.rows], path)
+    console.print(f"plot: {path}", markup=False, highlight=False)
     return 0

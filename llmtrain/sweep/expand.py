@@ -14,7 +14,7 @@ from typing import Iterable, Sequence
 from llmtrain.config.errors import ConfigError
 
 MAX_DIR_NAME = 96  # characters of a run directory's name: `<index>-<swept key=value,...>`, cut to stay short
-_UNSAFE = re.compile(r"[^A-Za-z0-9._,=+@-]")
+_UNSAFE = re.compile(r"[^A-Za-z0-9._,=+@-]+")
 
 
 @dataclass(frozen=True)

@@ -71,6 +71,8 @@ def plan_sweep(overrides: Sequence[str], config_dirs: Sequence[str] = ()) -> Swe
             cfg.env[SWEEP_NAME_VAR] = os.path.basename(sweep_dir)
             if cfg.cluster.name == "slurm":
                 cfg.cluster.follow = False  # every run is submitted at once; following one would hold the rest
+                if not cfg.cluster.job_name:  # squeue tells the runs apart
+                    cfg.cluster.job_name = f"llmtrain-{os.path.basename(sweep_dir)}-{combination.index}"
             validate(cfg)
         runs.append(SweepRun(combination, cfg))
     return SweepPlan(sweep_dir, list(overrides), list(config_dirs), runs)

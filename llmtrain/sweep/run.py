@@ -63,12 +63,12 @@ def _run_all(plan: SweepPlan, fail_fast: bool) -> tuple[list[Outcome], int | Non
         try:
             outcome = _run_one(plan, run, number)
         except KeyboardInterrupt:  # between runs, or before this run's job started
-            return outcomes, EXIT_INTERRUPTED
+            outcome = Outcome(run, STOPPED, code=EXIT_INTERRUPTED)
         except PreemptRequest:
-            return outcomes, EXIT_PREEMPTED
+            outcome = Outcome(run, STOPPED, code=EXIT_PREEMPTED)
+        outcomes.append(outcome)
         if outcome.state == STOPPED:
             return outcomes, outcome.code
-        outcomes.append(outcome)
         if outcome.state == FAILED:
             say(f"sweep: run {run.name} failed ({outcome.detail}); "
                 + ("stopping the sweep (--fail-fast)" if fail_fast else "going on with the next run"))
@@ -125,7 +125,8 @@ def _summary(plan: SweepPlan, outcomes: list[Outcome], stop_code: int | None) ->
     parts = []
     if states[FINISHED]:
         skipped = sum(o.skipped for o in states[FINISHED])
-        parts.append(f"{len(states[FINISHED])} finished" + (f" ({skipped} before this launch)" if skipped else ""))
+        before = f" ({skipped} skipped: finished before)" if skipped else ""
+        parts.append(f"{len(states[FINISHED])} finished{before}")
     if states[SUBMITTED]:
         parts.append(f"{len(states[SUBMITTED])} submitted")
     if states[RUNNING]:
@@ -136,7 +137,8 @@ def _summary(plan: SweepPlan, outcomes: list[Outcome], stop_code: int | None) ->
     if not_started:
         parts.append(f"{len(not_started)} not started: {', '.join(not_started)}")
     if stop_code is not None:
-        parts.append("stopped by Ctrl-C" if stop_code == EXIT_INTERRUPTED else "stopped by preemption")
+        how = "Ctrl-C" if stop_code == EXIT_INTERRUPTED else "preemption"
+        parts.append(f"stopped by {how} in {outcomes[-1].run.name}")
     say(f"sweep {plan.name}: {len(plan.runs)} run(s): " + "; ".join(parts))
     slurm = plan.backend == "slurm"
     done = len(states[FINISHED]) + (len(states[SUBMITTED]) + len(states[RUNNING]) if slurm else 0)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 from torch.distributed.tensor import DTensor
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 WINDOW_EVENT = "llmtrain.memory.window"
 
@@ -18,19 +19,14 @@ class SavedActivations:
     """Context manager: bytes of the distinct storages autograd saves for backward, parameters excluded."""
 
     def __init__(self, params):
-        self.param_ptrs = {(p.to_local() if isinstance(p, DTensor) else p).untyped_storage().data_ptr()
-                           for p in params}
+        self.param_ptrs = {ptr for p in params for ptr, _ in _storages(p)}
         self.storages: dict[int, int] = {}
         self._hooks = None
 
     def _pack(self, t: torch.Tensor):
-        local = t.to_local() if isinstance(t, DTensor) else t
-        try:
-            storage = local.untyped_storage()
-        except (RuntimeError, NotImplementedError):
-            return t
-        if storage.data_ptr() not in self.param_ptrs:
-            self.storages[storage.data_ptr()] = storage.nbytes()
+        for ptr, nbytes in _storages(t):
+            if ptr not in self.param_ptrs:
+                self.storages[ptr] = nbytes
         return t
 
     @property
@@ -44,6 +40,21 @@ class SavedActivations:
 
     def __exit__(self, *exc):
         self._hooks.__exit__(*exc)
+
+
+def _storages(t: torch.Tensor) -> list[tuple[int, int]]:
+    """(data pointer, bytes) of the storages holding `t`: a DTensor's local shard, a wrapper subclass's inner
+    tensors (torchao's float8 tensors: their float8 data and scale), else its own."""
+    if isinstance(t, DTensor):
+        t = t.to_local()
+    if is_traceable_wrapper_subclass(t):
+        names, _ = t.__tensor_flatten__()
+        return [s for name in names for s in _storages(getattr(t, name))]
+    try:
+        storage = t.untyped_storage()
+        return [(storage.data_ptr(), storage.nbytes())]
+    except (RuntimeError, NotImplementedError):
+        return []
 
 
 class PeakMemory:

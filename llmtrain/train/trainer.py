@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 from torch.distributed.tensor import DTensor
 
 from llmtrain.config.derived import Derived, torch_dtype
-from llmtrain.config.fp8_support import check_fp8_node
+from llmtrain.config.fp8 import check_fp8_node
 from llmtrain.checkpoint import store
 from llmtrain.checkpoint.manager import CheckpointManager
 from llmtrain.data import SampleStream, build_dataset
@@ -102,6 +102,15 @@ class StepResult:
     loss: torch.Tensor | float
     grad_norm: torch.Tensor | float
     skipped: bool
+
+
+def nonfinite_flag(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """[1.0] when any element of `tensors` is inf/NaN, else [0.0], on the CPU. One fused pass (as clip_grad_norm_
+    does): a tensor's max-norm (largest |x|, which cannot overflow) is finite exactly when its elements are, and
+    no boolean copy of every tensor is made."""
+    local = [t for t in tensors if t.numel()]
+    norms = torch.stack(torch._foreach_norm(local, float("inf"))) if local else torch.zeros(1)
+    return (~torch.isfinite(norms)).any().float().cpu().reshape(1)
 
 
 class Trainer:
@@ -473,7 +482,6 @@ class Trainer:
     @torch.no_grad()
     def _params_finite(self) -> bool:
         """One MAX all-reduce of a local flag: each rank only sees its own shards."""
-        local = [p.to_local() if isinstance(p, DTensor) else p for p in self.params]
-        bad = torch.stack([(~torch.isfinite(t)).any() for t in local]).any().float().cpu().reshape(1)
+        bad = nonfinite_flag([p.to_local() if isinstance(p, DTensor) else p for p in self.params])
         dist.all_reduce(bad, op=dist.ReduceOp.MAX)
         return not bad.item()

@@ -1,9 +1,14 @@
-"""Whether precision=fp8 can run: a GPU with float8 tensor cores, torchao installed, shapes float8 kernels take.
+"""precision=fp8's rules: whether it can run here, and which float8 features a layout uses.
 
-validate.py asks before launch, from the config: device=cpu, hardware=cpu, a GPU profile below compute capability
-8.9, and with hardware=auto on cluster=local this node's own device (it runs the workers). With hardware=auto on
-ssh or slurm the launcher's node may have no GPU at all, so each worker asks again once its device is known
-(check_fp8_node), with the same message. No torch import unless this node's device is probed.
+Whether it can run: a GPU with float8 tensor cores, torchao installed, shapes float8 kernels take. validate.py asks
+before launch, from the config: device=cpu, hardware=cpu, a GPU profile below compute capability 8.9, and with
+hardware=auto on cluster=local this node's own device (it runs the workers). With hardware=auto on ssh or slurm
+the launcher's node may have no GPU at all, so each worker asks again once its device is known (check_fp8_node),
+with the same message. No torch import unless this node's device is probed.
+
+What a layout uses (the trainer's float8 conversion and `llmtrain plan` read the same rules): only the tensorwise
+recipe casts weights to float8 before FSDP2's all-gather (when parameters are sharded over more than one rank) and
+has torchao's float8 tensor-parallel styles.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from llmtrain.plan.hardware import parse_capability
 
 FP8_MIN_CAPABILITY = (8, 9)  # float8 tensor cores: Ada (8.9), Hopper (9.0), Blackwell (10.0)
 FP8_MULTIPLE = 16  # torch._scaled_mm takes only matrix dimensions that are multiples of 16
+FLOAT8_COLLECTIVES_RECIPE = "tensorwise"  # the one recipe whose tensors torchao casts before a collective
 FP8_INSTALL = ("fp8 needs torchao (its float8 training), which is not installed: pip install 'llmtrain[fp8]' "
                "(in a checkout: pip install -e '.[fp8]')")
 
@@ -97,3 +103,25 @@ def torchao_missing() -> str | None:
 def fp8_problem(cfg) -> str | None:
     """The first reason precision=fp8 cannot run with this config: device, then shapes, then torchao."""
     return configured_device_problem(cfg) or shape_problem(cfg) or torchao_missing()
+
+
+def float8_all_gather(cfg, dims) -> bool:
+    """FSDP2 all-gathers the float8 layers' weights in float8 (cast before the gather, half of bf16's bytes)."""
+    return (cfg.precision.name == "fp8" and cfg.precision.fp8_recipe == FLOAT8_COLLECTIVES_RECIPE and dims.dp > 1
+            and dims.dp_shard > 1)
+
+
+def float8_tensor_parallel(cfg) -> bool:
+    """Tensor parallel uses torchao's float8 styles (inputs cast to float8 before their collectives)."""
+    return (cfg.precision.name == "fp8" and cfg.precision.fp8_recipe == FLOAT8_COLLECTIVES_RECIPE
+            and cfg.parallel.tp > 1)
+
+
+def float8_weights_per_block(cfg) -> int:
+    """Weights of one block's float8 layers on one tensor-parallel rank: q, k, v, the attention projection and the
+    MLP's two matrices (biases stay in bf16); 0 unless precision=fp8."""
+    if cfg.precision.name != "fp8":
+        return 0
+    m = cfg.model
+    attention = m.n_heads * (m.head_dim or m.d_model // m.n_heads)
+    return (4 * m.d_model * attention + 8 * m.d_model * m.d_model) // cfg.parallel.tp

@@ -1,0 +1,290 @@
+"""`llmtrain launch -m` sweeps (expansion, dry run, local runs and their resume, Slurm submission) and `llmtrain
+compare` over a sweep or run directories."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import read_rows, run_cli, wait_for, worker_processes
+
+from llmtrain.cli import main
+from llmtrain.report.run_report import fmt_loss
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+# The tiny model, one process, 3 steps with a val loss at the last one.
+TINY = ["model.d_model=64", "model.seq_len=64", "cluster.nproc_per_node=1", "train.max_steps=3",
+        "train.log_interval=1", "train.warmup_steps=1", "train.eval_interval=3", "train.eval_steps=1",
+        "launch.pg_timeout_s=120"]
+
+
+def table_rows(out: str) -> list[list[str]]:
+    """The body rows of the rich tables in `out`, as lists of stripped cells."""
+    return [[cell.strip() for cell in line.strip().strip("│").split("│")] for line in out.splitlines()
+            if line.startswith("│")]
+
+
+# ---------------------------------------------------------------------------------------------- expansion
+
+def test_swept_values_expand_to_their_cartesian_product():
+    from llmtrain.config import builtin_config_dir
+    from llmtrain.sweep.expand import expand
+
+    combos = expand(["train.lr=1e-3,3e-3", "model=gpt-tiny,gpt-125m", "train.seed=range(1,4)",
+                     "+env.TAG='a,b'", "train.max_steps=5"], [builtin_config_dir()])
+    assert len(combos) == 12
+    assert combos[0].dir_name == "0-train.lr=0.001,model=gpt-tiny,train.seed=1"
+    assert combos[11].dir_name == "11-train.lr=0.003,model=gpt-125m,train.seed=3"
+    assert combos[1].swept == {"train.lr": "0.001", "model": "gpt-tiny", "train.seed": "2"}  # last key fastest
+    assert combos[5].overrides == ("train.lr=0.001", "model=gpt-125m", "train.seed=3", "+env.TAG='a,b'",
+                                   "train.max_steps=5")
+    globbed = expand(["model=glob(gpt-1*,exclude=gpt-13b)"], [builtin_config_dir()])
+    assert [c.swept["model"] for c in globbed] == ["gpt-1.3b", "gpt-125m", "gpt-175b"]
+    long = expand(["+env.X=" + "a" * 200 + ",b/c d"], [builtin_config_dir()])
+    assert len(long[0].dir_name) == 96 and long[1].dir_name == "1-env.X=b_c_d"
+
+
+@pytest.mark.parametrize("override,key,words", [
+    ("train.lr=interval(0,1)", "train.lr", "continuous range"),
+    ("train.seed=shuffle(1,2,3)", "train.seed", "another order each time"),
+    ("run.dir=a,b", "run.dir", "give it one value"),
+    ("train.lr=glob(*)", "train.lr", "is not one"),
+    ("train.lr=[1,2", "train.lr=[1,2", "no viable alternative"),
+])
+def test_sweeps_llmtrain_cannot_run_are_one_line(override, key, words, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code = main(["launch", "-m", override])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"llmtrain: error: {key}:") and words in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_comma_list_without_m_says_to_sweep_with_m(capsys):
+    assert main(["launch", "train.lr=1e-3,3e-3"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "give one value" in err and "use -m to sweep" in err, err
+
+
+# ---------------------------------------------------------------------------------------------- dry run
+
+def test_a_bad_combination_fails_the_dry_run_naming_it(tmp_path, capsys):
+    sweep = tmp_path / "sweep"
+    for dry in (["--dry-run"], []):  # a real sweep refuses it the same way, before anything is written
+        code = main(["launch", "-m", *dry, f"run.dir={sweep}", "cluster.nproc_per_node=2", "parallel.tp=1,3"])
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("\n") == 1, err
+        assert err.startswith("llmtrain: error: parallel.tp:") and "(in sweep run 1-parallel.tp=3)" in err, err
+        assert not sweep.exists()
+
+
+def test_dry_run_lists_every_run_with_its_commands(tmp_path, capsys):
+    sweep = tmp_path / "sweep"
+    assert main(["launch", "-m", "--dry-run", f"run.dir={sweep}", "train.lr=1e-3,3e-3", "train.seed=1,2"]) == 0
+    out = capsys.readouterr().out
+    dirs = [sweep / name for name in ("0-train.lr=0.001,train.seed=1", "1-train.lr=0.001,train.seed=2",
+                                      "2-train.lr=0.003,train.seed=1", "3-train.lr=0.003,train.seed=2")]
+    assert [row[-1] for row in table_rows(out)] == [str(d) for d in dirs]
+    for d in dirs:  # each run's own worker command, and the sweep's name in its environment
+        assert f"-m llmtrain.worker {d}\n" in out
+    assert out.count("LLMTRAIN_SWEEP_NAME=sweep\n") == 4
+    assert not sweep.exists()
+
+
+def test_slurm_dry_run_shows_one_job_per_run(tmp_path, capsys):
+    sweep = tmp_path / "sweep"
+    assert main(["launch", "-m", "--dry-run", f"run.dir={sweep}", "cluster=slurm", "cluster.nnodes=1",
+                 "train.lr=1e-3,3e-3"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("#!/bin/bash\n") == 2
+    outputs = [ln for ln in out.splitlines() if ln.startswith("#SBATCH --output=")]
+    assert outputs == [f"#SBATCH --output={sweep}/0-train.lr=0.001/logs/slurm-%j.out",
+                       f"#SBATCH --output={sweep}/1-train.lr=0.003/logs/slurm-%j.out"]
+    names = [ln for ln in out.splitlines() if ln.startswith("#SBATCH --job-name=")]
+    assert names == ["#SBATCH --job-name=llmtrain-sweep-0", "#SBATCH --job-name=llmtrain-sweep-1"]
+    assert not sweep.exists()
+
+
+def test_slurm_runs_are_not_followed_so_all_are_submitted_at_once():
+    from llmtrain.sweep.plan import plan_sweep
+
+    plan = plan_sweep(["cluster=slurm", "cluster.nnodes=1", "cluster.follow=true", "train.lr=1e-3,3e-3"])
+    assert [run.cfg.cluster.follow for run in plan.runs] == [False, False]
+
+
+# ---------------------------------------------------------------------------------------------- slurm
+
+def fake_program(folder: Path, name: str, body: str) -> None:
+    """An executable that appends its arguments to folder/NAME.calls, then runs body."""
+    folder.mkdir(exist_ok=True)
+    path = folder / name
+    path.write_text(f'#!/bin/bash\necho "$*" >> {folder}/{name}.calls\n{body}\n')
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+
+
+def test_slurm_sweep_submits_every_run_at_once_and_a_rerun_leaves_them(tmp_path, capsys, monkeypatch):
+    bin_dir, sweep = tmp_path / "bin", tmp_path / "sweep"
+    fake_program(bin_dir, "sbatch", "echo $((1000 + $(wc -l < $(dirname $0)/sbatch.calls)))")
+    fake_program(bin_dir, "scontrol", 'echo "JobId=$3 JobName=x JobState=RUNNING Reason=None"')
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    args = ["launch", "-m", f"run.dir={sweep}", "cluster=slurm", "cluster.nnodes=1", "cluster.nproc_per_node=1",
+            "train.lr=1e-3,3e-3"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    calls = (bin_dir / "sbatch.calls").read_text().splitlines()
+    assert calls == [f"--parsable {sweep}/0-train.lr=0.001/slurm/job.sbatch",
+                     f"--parsable {sweep}/1-train.lr=0.003/slurm/job.sbatch"]
+    assert "Slurm job 1001" in out and "Slurm job 1002" in out
+    assert "sweep sweep: 2 run(s): 2 submitted" in out
+    # Again: both jobs hold their run directories, so nothing is submitted twice.
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert out.count("llmtrain: sweep: skipping ") == 2 and "running (Slurm job 100" in out, out
+    assert len((bin_dir / "sbatch.calls").read_text().splitlines()) == 2
+
+
+# ---------------------------------------------------------------------------------------------- local, end to end
+
+@pytest.mark.slow
+def test_local_sweep_runs_every_combination_resumes_and_compares(tmp_path):
+    sweep = tmp_path / "sweep"
+    args = ["launch", "-m", f"run.dir={sweep}", *TINY, "train.lr=1e-3,3e-3", "train.seed=1,2"]
+    result = run_cli(args)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "sweep sweep: 4 run(s): 4 finished" in result.stdout
+
+    index = yaml.safe_load((sweep / "sweep.yaml").read_text())
+    assert index["swept"] == ["train.lr", "train.seed"]
+    runs = index["runs"]
+    assert [(r["index"], r["dir"], r["params"]) for r in runs] == [
+        (0, "0-train.lr=0.001,train.seed=1", {"train.lr": "0.001", "train.seed": "1"}),
+        (1, "1-train.lr=0.001,train.seed=2", {"train.lr": "0.001", "train.seed": "2"}),
+        (2, "2-train.lr=0.003,train.seed=1", {"train.lr": "0.003", "train.seed": "1"}),
+        (3, "3-train.lr=0.003,train.seed=2", {"train.lr": "0.003", "train.seed": "2"})]
+    metrics = {}
+    for r in runs:
+        run_dir = sweep / r["dir"]
+        cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+        assert (cfg["train"]["lr"], cfg["train"]["seed"]) == (float(r["params"]["train.lr"]),
+                                                              int(r["params"]["train.seed"]))
+        assert cfg["run"]["dir"] == str(run_dir) and cfg["env"]["LLMTRAIN_SWEEP_NAME"] == "sweep"
+        metrics[r["dir"]] = (run_dir / "metrics.jsonl").read_bytes()
+        assert [row["step"] for row in read_rows(run_dir) if "loss" in row] == [1, 2, 3]
+
+    # The same command again: every run finished, so each is skipped with a line and nothing is written.
+    again = run_cli(args)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    for r in runs:
+        assert f"llmtrain: sweep: skipping {r['dir']}: finished (step 3 of 3)" in again.stdout, again.stdout
+        assert (sweep / r["dir"] / "metrics.jsonl").read_bytes() == metrics[r["dir"]]
+        assert len(json.loads((sweep / r["dir"] / "job.json").read_text())["launches"]) == 1
+    assert "torch.distributed.run" not in again.stdout and "4 finished (4 skipped: finished before)" in again.stdout
+
+    compared = run_cli(["compare", str(sweep)])
+    assert compared.returncode == 0, compared.stderr
+    rows = table_rows(compared.stdout)
+    expected = []
+    for r in runs:
+        rows_of_run = read_rows(sweep / r["dir"])
+        best_val = min(row["val_loss"] for row in rows_of_run if "val_loss" in row)
+        final = [row["loss"] for row in rows_of_run if "loss" in row][-1]
+        expected.append((best_val, [r["dir"], r["params"]["train.lr"], r["params"]["train.seed"], fmt_loss(final),
+                                    fmt_loss(best_val)]))
+    assert [row[:5] for row in rows] == [cells for _, cells in sorted(expected, key=lambda e: e[0])]
+    assert all(row[-1] == "3/3" for row in rows)
+    assert (sweep / "compare.png").read_bytes()[:8] == PNG_MAGIC
+
+
+@pytest.mark.slow
+def test_a_failed_run_is_reported_and_the_sweep_goes_on_unless_fail_fast(tmp_path):
+    sweep = tmp_path / "sweep"
+    # A non-finite step 2 on rank 0: with max_bad_steps=1 the run stops there (fails), with 5 it skips the step.
+    args = ["launch", "-m", f"run.dir={sweep}", *TINY, "train.eval_interval=0", "train.max_bad_steps=1,5"]
+    env = {"LLMTRAIN_INJECT_NONFINITE": "2:0"}
+    fast = run_cli([*args, "--fail-fast"], env=env)
+    assert fast.returncode == 1
+    assert "stopping the sweep (--fail-fast)" in fast.stdout
+    assert "1 failed: 0-train.max_bad_steps=1 (exit 1); 1 not started: 1-train.max_bad_steps=5" in fast.stdout
+    assert not (sweep / "1-train.max_bad_steps=5").exists()
+    on = run_cli(args, env=env)
+    assert on.returncode == 1
+    assert "run 0-train.max_bad_steps=1 failed (exit 1); going on with the next run" in on.stdout
+    assert "2 run(s): 1 finished; 1 failed: 0-train.max_bad_steps=1 (exit 1)" in on.stdout
+    assert [r["step"] for r in read_rows(sweep / "1-train.max_bad_steps=5") if "loss" in r] == [1, 2, 3]
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_run_the_usual_way_then_the_sweep(tmp_path):
+    sweep = tmp_path / "sweep"
+    proc = subprocess.Popen([sys.executable, "-m", "llmtrain", "launch", "-m", f"run.dir={sweep}", *TINY,
+                             "train.eval_interval=0", "train.max_steps=100000,3"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    first = sweep / "0-train.max_steps=100000"
+    try:
+        assert wait_for(lambda: read_rows(first), timeout=120), "training never started"
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, out[-3000:]
+    assert "the same command resumes from it" in out  # the run's own Ctrl-C path: it checkpointed
+    assert "1 not started: 1-train.max_steps=3; stopped by Ctrl-C in 0-train.max_steps=100000" in out, out[-2000:]
+    assert not (sweep / "1-train.max_steps=3").exists()
+    assert wait_for(lambda: not worker_processes(first), timeout=30)
+
+
+# ---------------------------------------------------------------------------------------------- compare
+
+def fake_run(run_dir: Path, overrides: list[str], losses: list[float], val: float | None, tokens_per_step: int):
+    """A run directory as a launch leaves it: config.yaml and metrics.jsonl."""
+    from llmtrain.config import compose_config, to_yaml
+
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(to_yaml(compose_config([f"run.dir={run_dir}", *overrides])))
+    rows = [{"step": s, "loss": loss, "tokens_per_s": 1000.0 * s, "mfu": 0.01 * s, "tokens": s * tokens_per_step}
+            for s, loss in enumerate(losses, 1)]
+    if val is not None:
+        rows.append({"step": len(losses), "val_loss": val})
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_compare_runs_shows_differing_keys_sorted_and_batch_differences(tmp_path, capsys):
+    fake_run(tmp_path / "a", ["train.lr=0.001"], [5.0, 4.0, 3.5], 3.9, 8 * 128)
+    fake_run(tmp_path / "b", ["train.lr=0.002", "train.global_batch_size=32"], [5.0, 3.9, 3.0], 3.1, 32 * 128)
+    fake_run(tmp_path / "c", ["train.lr=0.003"], [5.0, 4.5, 4.4], None, 8 * 128)
+    plot = tmp_path / "all.png"
+    code = main(["compare", str(tmp_path / "c"), str(tmp_path / "a"), str(tmp_path / "b"), "--plot", str(plot)])
+    out = capsys.readouterr().out
+    assert code == 0
+    rows = table_rows(out)
+    # Only the keys that differ; best val loss first, the run without one last; medians leave out step 1.
+    assert rows == [["b", "32", "0.002", "3.0000", "3.1000", "2,500", "2.5%", "3/300"],
+                    ["a", "16", "0.001", "3.5000", "3.9000", "2,500", "2.5%", "3/300"],
+                    ["c", "16", "0.003", "4.4000", "-", "2,500", "2.5%", "3/300"]]
+    header = next(ln for ln in out.splitlines() if ln.startswith("┃"))
+    assert [h.strip() for h in header.strip("┃").split("┃")][:3] == ["run", "train.global_batch_size", "train.lr"]
+    assert "note: the global batch differs between the runs" in out and "32 x 128 = 4,096 tokens per step in b" in out
+    assert "note: the runs saw different numbers of tokens: 3,072 in c, a; 12,288 in b" in out
+    assert plot.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_compare_without_matplotlib_names_the_extra(tmp_path, capsys, monkeypatch):
+    fake_run(tmp_path / "a", [], [5.0, 4.0], 3.9, 1024)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    assert main(["compare", str(tmp_path / "a")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "pip install 'llmtrain[plot]'" in err, err
+    assert not (tmp_path / "a" / "compare.png").exists()
+
+
+def test_compare_refuses_a_folder_that_is_neither_a_run_nor_a_sweep(tmp_path, capsys):
+    assert main(["compare", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "nor a sweep directory (no sweep.yaml)" in err, err
