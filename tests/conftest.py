@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -74,4 +75,18 @@ def wait_for(predicate, timeout: float, interval: float = 0.2):
     return predicate()
 
 # The two-node cluster fixture lives here, once, so every module shares one session-scoped instance.
+@pytest.fixture
+def one_rank(tmp_path):
+    """A gloo process group of one rank in this process, for building a Trainer in a test; the signal handlers
+    the trainer installs are put back afterwards."""
+    import torch.distributed as dist
+
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1)}
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+    for sig, handler in handlers.items():
+        signal.signal(sig, handler)
+
+
 from cluster_fixture import cluster  # noqa: E402,F401

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import warnings
 
 import pytest
@@ -121,18 +120,6 @@ def test_launch_refuses_fp8_on_cpu_before_anything_starts(tmp_path):
 TINY = ["data=synthetic", "model.n_layers=2", "model.d_model=64", "model.n_heads=4", "model.seq_len=32",
         "cluster.nproc_per_node=1", "train.micro_batch_size=4", "train.global_batch_size=4", "train.log_interval=1",
         "train.eval_interval=0", "train.warmup_steps=1", "train.lr=1e-3", "checkpoint.resume=auto"]
-
-
-@pytest.fixture
-def one_rank(tmp_path):
-    import torch.distributed as dist
-
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1)}  # the trainer sets them
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-    for sig, handler in handlers.items():
-        signal.signal(sig, handler)
 
 
 def trainer(run_dir, *overrides: str, check: bool = True):

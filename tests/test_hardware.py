@@ -4,7 +4,6 @@ refuses precision=bf16 in one line, before anything starts."""
 from __future__ import annotations
 
 import re
-import signal
 
 import pytest
 from conftest import REPO, run_cli
@@ -199,18 +198,6 @@ TINY = ["data=synthetic", "model.n_layers=2", "model.d_model=32", "model.n_heads
         "cluster.nproc_per_node=1", "train.micro_batch_size=2", "train.global_batch_size=2", "train.max_steps=2",
         "train.log_interval=1", "train.eval_interval=0", "train.warmup_steps=1", "checkpoint.at_end=false",
         "checkpoint.resume=none"]
-
-
-@pytest.fixture
-def one_rank(tmp_path):
-    import torch.distributed as dist
-
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1)}  # the trainer sets them
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-    for sig, handler in handlers.items():
-        signal.signal(sig, handler)
 
 
 def _trainer(overrides, run_dir):

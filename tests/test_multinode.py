@@ -39,6 +39,13 @@ def ssh_args(cluster, hostfile):  # noqa: F811
     return ["cluster=ssh", f"cluster.hostfile={hostfile}", f"cluster.ssh_config={cluster.ssh_config}"]
 
 
+def start_long_run(run_dir, cluster, *args: str) -> subprocess.Popen:  # noqa: F811
+    """`llmtrain launch` of a run too long to finish in a test, in the background, output captured."""
+    return subprocess.Popen([sys.executable, "-m", "llmtrain", "launch", f"run.dir={run_dir}", *COMMON,
+                             "train.max_steps=100000", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env={**os.environ, **cluster.env})
+
+
 def node_processes(run_dir) -> list[psutil.Process]:
     """Every process of this run on any node (namespaces share the PID space)."""
     out = []
@@ -75,10 +82,7 @@ def test_ssh_two_nodes_match_one_node(cluster, hostfile, reference, tmp_path):  
 
 def test_ssh_node_failure_stops_every_node(cluster, hostfile, tmp_path):  # noqa: F811
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "llmtrain", "launch", f"run.dir={run_dir}", *COMMON,
-                             "train.max_steps=100000", *ssh_args(cluster, hostfile)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, **cluster.env})
+    proc = start_long_run(run_dir, cluster, *ssh_args(cluster, hostfile))
     try:
         assert wait_for(lambda: read_rows(run_dir), timeout=180), "training never started"
         # The worker under node 1's agent (argv: ... node_agent RUN_DIR 1 -- torchrun ...) runs on node2.
@@ -108,10 +112,7 @@ def _agent(run_dir, node: int) -> psutil.Process:
 
 def test_ssh_node_agent_lost_mid_run_stops_the_job(cluster, hostfile, tmp_path):  # noqa: F811
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "llmtrain", "launch", f"run.dir={run_dir}", *COMMON,
-                             "train.max_steps=100000", *ssh_args(cluster, hostfile)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, **cluster.env})
+    proc = start_long_run(run_dir, cluster, *ssh_args(cluster, hostfile))
     try:
         assert wait_for(lambda: read_rows(run_dir), timeout=180), "training never started"
         _agent(run_dir, 1).send_signal(signal.SIGKILL)   # the agent, not a worker
@@ -127,10 +128,7 @@ def test_ssh_node_agent_lost_mid_run_stops_the_job(cluster, hostfile, tmp_path):
 
 def test_ssh_network_partition_names_the_unreachable_node(cluster, hostfile, tmp_path):  # noqa: F811
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "llmtrain", "launch", f"run.dir={run_dir}", *COMMON,
-                             "train.max_steps=100000", "launch.pg_timeout_s=30", *ssh_args(cluster, hostfile)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, **cluster.env})
+    proc = start_long_run(run_dir, cluster, "launch.pg_timeout_s=30", *ssh_args(cluster, hostfile))
     try:
         assert wait_for(lambda: read_rows(run_dir), timeout=180), "training never started"
         subprocess.run(["ip", "-n", "llmt-n2", "link", "set", "eth0", "down"], check=True)
@@ -215,11 +213,8 @@ def test_doctor_across_both_nodes(cluster, hostfile, tmp_path):  # noqa: F811
 
 def test_slurm_killed_rank_is_named_from_the_job_log(cluster, tmp_path):  # noqa: F811
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "llmtrain", "launch", f"run.dir={run_dir}", *COMMON,
-                             "train.max_steps=100000", "cluster=slurm", "cluster.gpus_per_node=0", "cluster.time=null",
-                             "cluster.follow=true", "cluster.requeue=false"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, **cluster.env})
+    proc = start_long_run(run_dir, cluster, "cluster=slurm", "cluster.gpus_per_node=0", "cluster.time=null",
+                          "cluster.follow=true", "cluster.requeue=false")
     try:
         assert wait_for(lambda: read_rows(run_dir), timeout=180), "training never started"
         workers = [p for p in node_processes(run_dir) if "llmtrain.worker" in p.cmdline()

@@ -19,6 +19,17 @@ from llmtrain.train.trackers.base import Tracker, scalars
 from llmtrain.train.trackers.fanout import open_trackers
 from llmtrain.train.trackers.run_ids import FILE, read_run_ids, write_run_ids
 
+
+@pytest.fixture(autouse=True)
+def _no_wandb_service_left():
+    """wandb run in this process starts a service process as its child; a later test's launcher would count it
+    among its own processes."""
+    yield
+    import sys
+
+    if "wandb" in sys.modules:
+        sys.modules["wandb"].teardown()
+
 ONE = [*SMALL, "cluster.nproc_per_node=1", "train.global_batch_size=8", "train.micro_batch_size=8"]
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from omegaconf import DictConfig
 
 from llmtrain.checkpoint.store import CheckpointError
-from llmtrain.config.compose import to_plain
+from llmtrain.config.compose import flat_keys, to_plain
 
 # Keys that fix parameter shapes: resuming with another value cannot load the weights.
 SHAPE_KEYS = ("model.n_layers", "model.n_heads", "model.d_model", "model.vocab_size", "model.vocab_pad_multiple",
@@ -14,22 +14,8 @@ SHAPE_KEYS = ("model.n_layers", "model.n_heads", "model.d_model", "model.vocab_s
 IGNORED = ("checkpoint.resume", "cluster.master_port", "cluster.node_rank", "run.overwrite", "doctor.")
 
 
-def _flatten(cfg: DictConfig) -> dict[str, object]:
-    out: dict[str, object] = {}
-
-    def walk(node, prefix: str) -> None:
-        if isinstance(node, dict):
-            for k, v in node.items():
-                walk(v, f"{prefix}{k}.")
-        else:
-            out[prefix[:-1]] = node
-
-    walk(to_plain(cfg), "")
-    return out
-
-
 def config_diff(old: DictConfig, new: DictConfig) -> list[tuple[str, object, object]]:
-    a, b = _flatten(old), _flatten(new)
+    a, b = flat_keys(to_plain(old)), flat_keys(to_plain(new))
     return [(k, a.get(k, "<absent>"), b.get(k, "<absent>")) for k in sorted(set(a) | set(b))
             if a.get(k, "<absent>") != b.get(k, "<absent>") and not k.startswith(IGNORED)]
 

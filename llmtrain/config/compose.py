@@ -192,6 +192,17 @@ def to_plain(cfg: DictConfig) -> dict:
     return plain
 
 
+def flat_keys(plain: dict, prefix: str = "") -> dict[str, object]:
+    """{dotted key: value} of a plain config dict; an empty mapping is a value of its own."""
+    flat: dict[str, object] = {}
+    for key, value in plain.items():
+        if isinstance(value, dict) and value:
+            flat.update(flat_keys(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
 def to_yaml(cfg: DictConfig) -> str:
     return OmegaConf.to_yaml(to_plain(cfg))
 

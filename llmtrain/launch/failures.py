@@ -7,7 +7,6 @@ by a signal, or gone without writing its status file.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass
@@ -15,7 +14,7 @@ from dataclasses import dataclass
 from rich.console import Console
 from rich.markup import escape
 
-from llmtrain.launch.placement import describe_rank
+from llmtrain.launch.placement import describe_rank, read_rank_files
 
 # One entry of torchrun's "Failures:" / "Root Cause" summary (time, host and local_rank are optional).
 _FAILURE = re.compile(r"(?:time\s*:\s*(\S+)\s*\n\s*)?(?:host\s*:\s*(\S+)\s*\n\s*)?"
@@ -45,20 +44,8 @@ def agent_failures(agent_output: str) -> dict[int, RankFailure]:
 
 
 def rank_statuses(run_dir: str) -> dict[int, dict]:
-    logs = os.path.join(run_dir, "logs")
-    out = {}
-    try:
-        names = os.listdir(logs)
-    except FileNotFoundError:
-        return out
-    for name in names:
-        if name.startswith("rank") and name.endswith(".status"):
-            try:
-                with open(os.path.join(logs, name)) as f:
-                    out[int(name[4:-7])] = json.load(f)
-            except (OSError, ValueError):
-                continue
-    return out
+    """rank -> how it ended (RUN_DIR/logs/rank{R}.status, written by the worker)."""
+    return read_rank_files(run_dir, ".status")
 
 
 def finished_ranks(run_dir: str, since: float) -> set[int]:

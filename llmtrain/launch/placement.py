@@ -47,8 +47,8 @@ def record_place(run_dir: str, rank: int) -> dict:
     return place
 
 
-def read_places(run_dir: str) -> dict[int, dict]:
-    """rank -> its recorded place, for every rank that recorded one."""
+def read_rank_files(run_dir: str, suffix: str) -> dict[int, dict]:
+    """rank -> the JSON of RUN_DIR/logs/rank{R}{suffix}, for every rank that wrote a readable one."""
     logs = os.path.join(run_dir, "logs")
     try:
         names = os.listdir(logs)
@@ -56,13 +56,19 @@ def read_places(run_dir: str) -> dict[int, dict]:
         return {}
     out = {}
     for name in names:
-        if name.startswith("rank") and name.endswith(".place"):
+        rank = name[len("rank"):-len(suffix)]
+        if name.startswith("rank") and name.endswith(suffix) and rank.isdigit():
             try:
                 with open(os.path.join(logs, name)) as f:
-                    out[int(name[4:-6])] = json.load(f)
+                    out[int(rank)] = json.load(f)
             except (OSError, ValueError):
                 continue
     return out
+
+
+def read_places(run_dir: str) -> dict[int, dict]:
+    """rank -> its recorded place, for every rank that recorded one."""
+    return read_rank_files(run_dir, ".place")
 
 
 def describe_rank(run_dir: str, rank: int, host: str | None = None, local_rank: int | None = None,

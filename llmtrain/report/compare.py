@@ -79,19 +79,9 @@ class Run:
         """config.yaml as {dotted key: value} ({} when there is none)."""
         if self.cfg is None:
             return {}
-        from llmtrain.config.compose import to_plain
+        from llmtrain.config.compose import flat_keys, to_plain
 
-        flat: dict[str, object] = {}
-
-        def walk(node, prefix: str) -> None:
-            if isinstance(node, dict):
-                for k, v in node.items():
-                    walk(v, f"{prefix}{k}.")
-            else:
-                flat[prefix[:-1]] = node
-
-        walk(to_plain(self.cfg), "")
-        return flat
+        return flat_keys(to_plain(self.cfg))
 
     @property
     def global_batch(self) -> tuple[int, int] | None:

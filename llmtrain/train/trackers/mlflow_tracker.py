@@ -9,6 +9,7 @@ import re
 import time
 from pathlib import Path
 
+from llmtrain.config.compose import flat_keys
 from llmtrain.train.trackers.base import SWEEP_NAME_ENV, Tracker, scalars
 
 LOCAL_STORE = "mlflow.db"
@@ -21,16 +22,10 @@ def local_store_uri(run_dir: str) -> str:
     return "sqlite:///" + os.path.join(os.path.abspath(run_dir), LOCAL_STORE)
 
 
-def flatten(config: dict, prefix: str = "") -> dict[str, str]:
+def flatten(config: dict) -> dict[str, str]:
     """Dotted keys and text values (lists as JSON), as MLflow params are."""
-    flat = {}
-    for key, value in config.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
-            flat.update(flatten(value, f"{name}."))
-        else:
-            flat[name] = json.dumps(value) if isinstance(value, (dict, list)) else str(value)
-    return flat
+    return {key: json.dumps(value) if isinstance(value, (dict, list)) else str(value)
+            for key, value in flat_keys(config).items()}
 
 
 def params(config: dict) -> dict[str, str]:
