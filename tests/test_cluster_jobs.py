@@ -198,3 +198,26 @@ def test_time_limit_requeues_the_job_until_max_steps(cluster, tmp_path):
     got, want = train_losses(run_dir), train_losses(reference)
     assert max(got) == steps
     assert max(abs(got[s] - want[s]) for s in want) <= 1e-5
+
+
+def test_a_slurm_sweep_submits_a_job_per_combination_and_both_finish(cluster, tmp_path):
+    sweep = tmp_path / "sweep"
+    jobs: list[str] = []
+    try:
+        result = run_cli(["launch", "-m", f"run.dir={sweep}", *TWO_NODES, *SLURM, "train.max_steps=6",
+                          "train.lr=0.001,0.002"], env=cluster.env, timeout=300)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+        jobs = re.findall(r"submitted Slurm job (\d+)", result.stdout)
+        assert len(jobs) == 2 and jobs[0] != jobs[1], result.stdout[-3000:]
+        assert wait_for(lambda: all(state(cluster, j) not in LIVE for j in jobs), timeout=600)
+        assert [state(cluster, j) for j in jobs] == ["COMPLETED", "COMPLETED"]
+    finally:
+        for job in jobs:
+            scancel(cluster, job)
+    runs = sorted(p for p in sweep.iterdir() if p.is_dir())
+    assert [p.name for p in runs] == ["0-train.lr=0.001", "1-train.lr=0.002"]
+    for run, lr in zip(runs, (0.001, 0.002)):
+        assert f"  lr: {lr}\n" in (run / "config.yaml").read_text()
+        assert sorted(train_losses(run)) == list(range(1, 7))
+    # The two runs trained differently: each job ran its own combination.
+    assert train_losses(runs[0])[6] != train_losses(runs[1])[6]

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import re
 import subprocess
 from dataclasses import dataclass, field
 
 from llmtrain.launch.run_lock import SLURM_ENDED
+from llmtrain.launch.slurm_states import exit_code, parse_fields
 
 # Not started yet: nothing runs, so there is nothing to checkpoint.
 PENDING_STATES = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"}
@@ -34,18 +34,13 @@ def query(job_id: str) -> SlurmJob | None:
     out = _scontrol("show", "job", str(job_id))
     if out is None:
         return None
-    state = re.search(r"\bJobState=(\S+)", out)
-    if not state:
+    fields = parse_fields(out)
+    if "JobState" not in fields:
         return SlurmJob(str(job_id), "UNKNOWN")
-    reason = re.search(r"\bReason=(\S+)", out)
-    code = re.search(r"\bExitCode=(\d+):(\d+)", out)
-    exit_code = None
-    if code:  # a signal shows as 128 + its number, like a shell's $?
-        exit_code = int(code.group(1)) or (128 + int(code.group(2)) if int(code.group(2)) else 0)
-    nodelist = re.search(r"(?m)^\s*NodeList=(\S+)", out)
-    nodes = _hostnames(nodelist.group(1)) if nodelist and nodelist.group(1) != "(null)" else []
-    return SlurmJob(str(job_id), state.group(1), nodes, exit_code,
-                    reason.group(1) if reason and reason.group(1) != "None" else "")
+    nodelist = fields.get("NodeList", "(null)")
+    nodes = _hostnames(nodelist) if nodelist not in ("", "(null)") else []
+    reason = fields.get("Reason", "None")
+    return SlurmJob(str(job_id), fields["JobState"], nodes, exit_code(fields), "" if reason == "None" else reason)
 
 
 def _hostnames(nodelist: str) -> list[str]:

@@ -17,7 +17,7 @@ import sys
 import time
 
 from llmtrain.launch.failures import rank_statuses
-from llmtrain.launch.slurm import parse_fields
+from llmtrain.launch.slurm_states import parse_fields
 
 EXIT_UNFINISHED = 3
 # Slack on top of the notice: the save and the exit take a while after the signal.
