@@ -3,6 +3,8 @@ finished does not, and one that cannot be requeued fails saying it is unfinished
 
 from __future__ import annotations
 
+import time
+
 import json
 
 import pytest
@@ -60,3 +62,18 @@ def test_stop_on_request_or_finished_run_is_not_requeued(tmp_path, slurm, capsys
     assert slurm_job_end.job_end(str(tmp_path / "done"), 0, 30, True, "12") == 0
     assert slurm_job_end.job_end(str(tmp_path / "done"), 137, 30, True, "12") == 137  # srun failed: its code
     assert slurm["requeued"] == []
+
+
+def test_the_job_sends_its_own_time_limit_notice_before_the_end(tmp_path, monkeypatch):
+    """slurm_notice reads EndTime once and sends USR1 to the job's steps NOTICE_S before it."""
+    from llmtrain.launch import slurm_notice
+
+    sent = []
+    monkeypatch.setattr(slurm_notice, "seconds_left", lambda job: 1.5)
+    monkeypatch.setattr(slurm_notice.subprocess, "run", lambda argv, **kw: sent.append((argv, time.monotonic())))
+    start = time.monotonic()
+    assert slurm_notice.main(["77", "1"]) == 0
+    (argv, when), = sent
+    assert argv == ["scancel", "--signal=USR1", "77"] and 0.4 <= when - start <= 1.5
+    monkeypatch.setattr(slurm_notice, "seconds_left", lambda job: None)  # no time limit: nothing to send
+    assert slurm_notice.main(["77", "1"]) == 0 and len(sent) == 1

@@ -87,7 +87,11 @@ class SlurmBackend(Backend):
     # ---------------------------------------------------------------------------------------------- the script
     def script(self) -> str:
         c = self.cfg.cluster
-        lines = ["#!/bin/bash", *self._sbatch_options(), "set -euo pipefail", f"cd {shlex.quote(self.workdir)}"]
+        python = shlex.quote(host_python(self.cfg))
+        # The time-limit notice is for the job's steps: the batch shell, and the job's end it execs, ignore a USR1
+        # that reaches them (Slurm sends a requeued job's notice to the batch shell at times).
+        lines = ["#!/bin/bash", *self._sbatch_options(), "set -euo pipefail", "trap '' USR1",
+                 f"cd {shlex.quote(self.workdir)}"]
         lines += self._setup_lines()
         env = worker_env(self.cfg)
         env["LLMTRAIN_AGENT_WATCH_STDIN"] = "0"  # srun gives tasks no stdin to watch
@@ -99,14 +103,15 @@ class SlurmBackend(Backend):
                   # Rank statuses tell how this start of the job ended: a requeued job's earlier ones go.
                   f"rm -f {shlex.quote(os.path.join(self.run_dir, 'logs'))}/rank*.status",
                   # Every rank's log in one file with [node/rank] prefixes, while srun runs (combined_log.py).
-                  f"{shlex.quote(host_python(self.cfg))} -m llmtrain.launch.combined_log "
-                  f"{shlex.quote(self.run_dir)} & merger=$!",
+                  f"{python} -m llmtrain.launch.combined_log {shlex.quote(self.run_dir)} & merger=$!",
+                  # The time-limit notice from the job itself as well as from Slurm (slurm_notice.py).
+                  f'{python} -m llmtrain.launch.slurm_notice "$SLURM_JOB_ID" {c.signal_before_end_s} & notice=$!',
                   "set +e",
                   f"{shlex.join(self._srun_argv())} {self._node_command(env)}",
                   "code=$?",
-                  'kill -TERM "$merger"; wait "$merger"',
+                  'kill "$notice" 2>/dev/null; kill -TERM "$merger"; wait "$merger"',
                   # Finished, or cut short by the time limit: then the job requeues itself (slurm_job_end.py).
-                  f"exec {shlex.quote(host_python(self.cfg))} -m llmtrain.launch.slurm_job_end "
+                  f"exec {python} -m llmtrain.launch.slurm_job_end "
                   f"{shlex.quote(self.run_dir)} \"$code\" {c.signal_before_end_s} {int(bool(c.requeue))}"]
         return "\n".join(lines) + "\n"
 
