@@ -3,9 +3,8 @@ finished does not, and one that cannot be requeued fails saying it is unfinished
 
 from __future__ import annotations
 
-import time
-
 import json
+import time
 
 import pytest
 
