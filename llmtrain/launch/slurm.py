@@ -2,7 +2,9 @@
 
 The script runs one task per node (`srun`), each a node agent around torchrun with a c10d rendezvous on the job's
 first node, on a port of its own (20000 + job id % 20000 unless cluster.master_port is set) so jobs sharing a node
-never share a rendezvous. `--signal=USR1@N` gives the workers N seconds' notice before the time limit, `--requeue`
+never share a rendezvous. The job itself gives the workers cluster.signal_before_end_s seconds' notice (USR1) before
+its time limit (slurm_notice.py; Slurm's own --signal is not used: it resends the notice at once to a requeued
+job, which then stops again before it trains), `--requeue`
 lets Slurm restart a preempted job, and `checkpoint.resume=auto` makes the restarted job continue from its newest
 checkpoint.
 
@@ -89,7 +91,7 @@ class SlurmBackend(Backend):
         c = self.cfg.cluster
         python = shlex.quote(host_python(self.cfg))
         # The time-limit notice is for the job's steps: the batch shell, and the job's end it execs, ignore a USR1
-        # that reaches them (Slurm sends a requeued job's notice to the batch shell at times).
+        # that reaches them.
         lines = ["#!/bin/bash", *self._sbatch_options(), "set -euo pipefail", "trap '' USR1",
                  f"cd {shlex.quote(self.workdir)}"]
         lines += self._setup_lines()
@@ -104,7 +106,7 @@ class SlurmBackend(Backend):
                   f"rm -f {shlex.quote(os.path.join(self.run_dir, 'logs'))}/rank*.status",
                   # Every rank's log in one file with [node/rank] prefixes, while srun runs (combined_log.py).
                   f"{python} -m llmtrain.launch.combined_log {shlex.quote(self.run_dir)} & merger=$!",
-                  # The time-limit notice from the job itself as well as from Slurm (slurm_notice.py).
+                  # The time-limit notice, from the job itself (slurm_notice.py).
                   f'{python} -m llmtrain.launch.slurm_notice "$SLURM_JOB_ID" {c.signal_before_end_s} & notice=$!',
                   "set +e",
                   f"{shlex.join(self._srun_argv())} {self._node_command(env)}",
@@ -119,7 +121,7 @@ class SlurmBackend(Backend):
         c = self.cfg.cluster
         lines = [f"#SBATCH --job-name={self._job_name()}", f"#SBATCH --nodes={c.nnodes}", "#SBATCH --ntasks-per-node=1",
                  f"#SBATCH --output={os.path.join(self.run_dir, 'logs', 'slurm-%j.out')}",
-                 "#SBATCH --open-mode=append", f"#SBATCH --signal=USR1@{c.signal_before_end_s}"]
+                 "#SBATCH --open-mode=append"]
         for option, value in (("partition", c.partition), ("account", c.account), ("time", c.time),
                               ("cpus-per-task", c.cpus_per_node)):
             if value:

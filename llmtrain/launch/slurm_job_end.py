@@ -1,7 +1,8 @@
 """The end of a Slurm job's batch script: `python -m llmtrain.launch.slurm_job_end RUN_DIR SRUN_EXIT NOTICE_S
 REQUEUE`. It decides whether the run finished, and continues one that a time limit cut short.
 
-Before the time limit Slurm sends USR1 (`--signal=USR1@NOTICE_S`); the workers checkpoint and exit cleanly, so
+Before the time limit the job sends its steps USR1 (slurm_notice.py, NOTICE_S before it); the workers checkpoint and
+exit cleanly, so
 the job would end COMPLETED at a step short of train.max_steps and nothing would requeue it (`--requeue` acts on
 node failures and preemption, not on a clean exit). So when the workers stopped on a signal with the time limit
 near, the job requeues itself (`scontrol requeue`) and the requeued job resumes from that checkpoint. When it

@@ -1,10 +1,11 @@
 """The time-limit notice, sent by the job itself: `python -m llmtrain.launch.slurm_notice JOB_ID NOTICE_S`, run in
 the background by the batch script while srun runs.
 
-Slurm's own `--signal=USR1@N` is kept, but a requeued job cannot count on it: on the two-node test cluster (Slurm
-22.05) the second requeue of a job got its notice at once, at the start, and to the batch shell rather than to the
-job's steps. So this process reads the job's EndTime when the job starts and, NOTICE_S before it, sends USR1 to the
-job's steps (`scancel --signal=USR1`, as --signal does); a second notice is harmless (the workers' flag is set once).
+Slurm's own `--signal=USR1@N` does this for a job's first start, but not for a requeued one: on the two-node test
+cluster (Slurm 22.05) every requeued start got its notice at once, so it checkpointed and stopped again after a few
+steps (or, before srun started, the batch shell died of it). So the job sends it itself: this process reads the
+job's EndTime when the job starts and, NOTICE_S before it, sends USR1 to the job's steps (`scancel
+--signal=USR1`, which is what --signal does).
 """
 
 from __future__ import annotations
