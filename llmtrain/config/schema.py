@@ -236,7 +236,7 @@ class ClusterConfig:
     cpus_per_node: Optional[int] = None
     job_name: Optional[str] = None
     requeue: bool = True
-    # Seconds before the time limit at which Slurm sends SIGUSR1 (checkpoint and stop).
+    # Seconds before the time limit at which the job sends its workers SIGUSR1 (checkpoint and stop).
     signal_before_end_s: int = 120
     sbatch_extra: List[str] = field(default_factory=list)
     # After submitting, follow the job's state and log until it ends and exit with its status.
