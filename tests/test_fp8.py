@@ -361,15 +361,15 @@ def test_plan_fp8_float8_tensor_parallel_saves_activations_in_float8():
 # ---- training steps against bf16 -----------------------------------------------------------------------------
 
 STEPS = 30
-PARITY = 0.02  # relative, at every step; measured here: 0.7% at most (tensorwise and rowwise)
+PARITY = 0.005  # relative, at every step; measured here: 0.074% at most (tensorwise), 0.042% (rowwise)
 
 
 def train_losses(recipe: str | None) -> list[float]:
-    """STEPS AdamW steps of a small GPT on this repository's README bytes, under CPU bf16 autocast. torchao casts a
-    float8 layer's input to bf16 only under CUDA autocast, so on CPU its inputs reach the float8 cast in fp32."""
-    from pathlib import Path
-
-    data = torch.tensor(list((Path(__file__).parents[1] / "README.md").read_bytes()[:200_000]), dtype=torch.long)
+    """STEPS AdamW steps of a small GPT on fixed text (a multiplication table: the same bytes whatever this
+    repository holds), under CPU bf16 autocast. torchao casts a float8 layer's input to bf16 only under CUDA
+    autocast, so on CPU its inputs reach the float8 cast in fp32."""
+    text = "".join(f"{i} x {j} = {i * j}\n" for i in range(1, 100) for j in range(1, 100)).encode()
+    data = torch.tensor(list(text), dtype=torch.long)
     model = tiny_gpt()
     if recipe:
         float8(recipe).convert(model)
