@@ -111,3 +111,27 @@ def test_restart_notice_names_the_killed_rank(tmp_path):
     with open(logs / "node0.log", "a") as f:
         f.write(_agent_failure(1, -9))
     assert notices.poll() == []
+
+
+def test_a_node_agent_lost_after_every_rank_finished_is_a_warning(tmp_path):
+    import time
+    from types import SimpleNamespace
+
+    from llmtrain.launch.ssh import SSHBackend
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    since = time.time() - 1
+    backend = SimpleNamespace(run_dir=str(tmp_path), hosts=[SimpleNamespace(name="node1"), SimpleNamespace(name="node2")],
+                              cfg=SimpleNamespace(cluster=SimpleNamespace(nnodes=2, nproc_per_node=1)),
+                              procs=[SimpleNamespace(poll=lambda: 0), SimpleNamespace(poll=lambda: 255)])
+    (logs / "rank0.status").write_text('{"status": "ok"}')
+    console = Console(record=True, width=200)
+    # Rank 1 has not said it finished: the lost agent is a failure, reported as such elsewhere.
+    assert SSHBackend._finished_anyway(backend, console, since) is False and console.export_text() == ""
+    (logs / "rank1.status").write_text('{"status": "ok"}')
+    assert SSHBackend._finished_anyway(backend, console, since) is True
+    assert console.export_text() == ("llmtrain: warning: node 1 (host node2) lost its node agent or ssh connection "
+                                     "(exit code 255) after every rank finished; the run finished\n")
+    # A status left by an earlier launch does not count as finished in this one.
+    assert SSHBackend._finished_anyway(backend, Console(record=True), time.time() + 60) is False

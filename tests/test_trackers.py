@@ -345,8 +345,10 @@ def test_unreachable_mlflow_server_is_a_warning(tmp_path, capsys, monkeypatch):
 def test_missing_package_is_one_line_exit_2_before_launch(package, tmp_path, capsys, monkeypatch):
     from llmtrain.cli import main
 
-    real = requirements.find_spec
-    monkeypatch.setattr(requirements, "find_spec", lambda name: None if name == package else real(name))
+    from llmtrain.config import extras
+
+    real = extras.find_spec
+    monkeypatch.setattr(extras, "find_spec", lambda name: None if name == package else real(name))
     validate(compose_config([f"logging.{package}=false"]))  # not asked for: nothing needed
     with pytest.raises(ConfigError) as info:
         validate(compose_config([f"logging.{package}=true"]))

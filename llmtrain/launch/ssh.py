@@ -26,6 +26,7 @@ import uuid
 
 from rich.markup import escape
 
+from llmtrain.config.derived import world_size
 from llmtrain.config.errors import ConfigError
 from llmtrain.launch import processes
 from llmtrain.launch.backend import Backend, NodeCommand, node_python, torchrun_argv, worker_env
@@ -188,8 +189,7 @@ class SSHBackend(Backend):
 
     def _finished_anyway(self, console, since: float) -> bool:
         """Every rank of this launch finished, and a node's agent or connection was lost afterwards: a warning."""
-        world = self.cfg.cluster.nnodes * self.cfg.cluster.nproc_per_node
-        if len(finished_ranks(self.run_dir, since)) < world:
+        if len(finished_ranks(self.run_dir, since)) < world_size(self.cfg):
             return False
         codes = [p.poll() for p in self.procs]
         for node, code in enumerate(codes):
@@ -225,7 +225,7 @@ class SSHBackend(Backend):
         log = os.path.join(self.run_dir, "logs", f"node{node}.log")
         if codes[node] == SSH_ERROR and not agent_failures(outputs[node]):
             # The connection or the agent went, not a rank: the ranks' errors are its consequences.
-            console.print(f"[bold red]llmtrain: {where} {self._lost_why(node)}[/]" + escape(
+            console.print(f"[bold red]llmtrain: {where} {escape(self._lost_why(node))}[/]" + escape(
                 f"; stopping the other nodes; its log: {log}"), highlight=False, soft_wrap=True)
             return
         console.print(f"[bold red]llmtrain: {where} failed with exit code {codes[node]}[/]; "

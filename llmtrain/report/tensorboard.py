@@ -10,9 +10,9 @@ import math
 import numbers
 import os
 import struct
-from importlib.util import find_spec
 
 from llmtrain.config.errors import ConfigError
+from llmtrain.config.extras import missing_extra
 
 INSTALL = "pip install 'llmtrain[tensorboard]' (in a checkout: pip install -e '.[tensorboard]')"
 # Every event file llmtrain writes ends in this, after the name TensorBoard gives it.
@@ -21,9 +21,7 @@ FILE_SUFFIX = ".llmtrain"
 
 def tensorboard_missing() -> str | None:
     """Why TensorBoard event files cannot be written here, or None. Looked up without importing tensorboard."""
-    if find_spec("tensorboard") is None:
-        return f"needs the tensorboard package, which is not installed: {INSTALL}"
-    return None
+    return missing_extra("tensorboard")
 
 
 def _summary_writer_class(key: str):

@@ -262,8 +262,8 @@ class Trainer:
         flags[0] = float(overflow_here)
         flags[1] = (~torch.isfinite(grad_norm)).float()
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        overflow_flag, nonfinite_flag = flags.tolist()
-        overflow, bad = overflow_flag > 0, max(overflow_flag, nonfinite_flag) > 0
+        overflow_seen, nonfinite_seen = flags.tolist()
+        overflow, bad = overflow_seen > 0, max(overflow_seen, nonfinite_seen) > 0
         if bad:
             self._report_nonfinite(overflow)
         if not bad:
