@@ -17,7 +17,7 @@ import torch
 from conftest import SMALL, launch, run_cli
 
 from llmtrain.checkpoint import store
-from llmtrain.train.metrics import keep_rows_until, read_metrics
+from llmtrain.train.metrics import MetricsWriter, keep_rows_until, read_metrics
 
 BASE = SMALL + ["data=synthetic", "train.global_batch_size=8", "train.micro_batch_size=2"]
 
@@ -193,6 +193,27 @@ def test_read_metrics_skips_malformed_lines_with_one_warning(tmp_path, capsys):
     assert read_metrics(str(path)) == ROWS[:3]
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"llmtrain: warning: {path}: skipped malformed line(s) 2, 4 (left in the file)"]
+
+
+def test_metrics_deleted_mid_run_are_recreated_with_every_row(tmp_path, capsys):
+    path = tmp_path / "metrics.jsonl"
+    write_metrics(path, [json.dumps(r) for r in ROWS[:2]])  # an earlier launch's rows, kept by the resume
+    writer = MetricsWriter(str(path), keep_until_step=2)
+    writer.write(ROWS[2])
+    path.unlink()
+    writer.write(ROWS[3])
+    writer.write(ROWS[4])
+    assert read_metrics(str(path)) == ROWS[:5]
+    assert capsys.readouterr().out == (f"llmtrain: warning: {path} was deleted during the run; recreated it with "
+                                       "the 3 row(s) written so far\n")
+    # A file put in its place (an editor's save) is written on, not overwritten.
+    path.unlink()
+    write_metrics(path, [json.dumps(ROWS[0])])
+    writer.write(ROWS[5])
+    writer.close()
+    assert read_metrics(str(path)) == [ROWS[0], ROWS[5]]
+    assert capsys.readouterr().out == f"llmtrain: warning: {path} was replaced during the run; appending to the new file\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl"]
 
 
 @pytest.mark.slow

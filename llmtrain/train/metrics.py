@@ -2,7 +2,8 @@
 launcher's live view and `tail -f` see it at once.
 
 The file is only ever appended to; a resume cuts off just the tail of rows past the resumed step. A malformed
-line is skipped by every reader with a one-line warning and left in the file.
+line is skipped by every reader with a one-line warning and left in the file. A file deleted mid-run is recreated
+at the next row from the rows the writer's open file still holds, so no row is lost.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ class MetricsWriter:
         with tensorboard_dir, every row also goes to TensorBoard event files there, and with `trackers` (started
         experiment trackers, llmtrain.train.trackers.fanout.Trackers) to their runs."""
         self.file = None
+        self.path = path
         self.tensorboard = None
         self.trackers = trackers
         if tensorboard_dir:
@@ -30,14 +32,14 @@ class MetricsWriter:
         if not path:
             return
         keep_rows_until(path, keep_until_step)
-        self.file = open(path, "a", buffering=1)
+        self.file = open(path, "a+b", buffering=0)
 
     def write(self, row: dict) -> None:
         if self.file is None:
             return
+        self._follow_path()
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
-        self.file.write(json.dumps(clean) + "\n")
-        self.file.flush()
+        self.file.write((json.dumps(clean) + "\n").encode())
         os.fsync(self.file.fileno())
         if self.tensorboard is not None:
             prefix = "val/" if "val_loss" in row else "train/"
@@ -46,6 +48,26 @@ class MetricsWriter:
             self.tensorboard.flush()
         if self.trackers is not None:
             self.trackers.log(clean)
+
+    def _follow_path(self) -> None:
+        """Write on where the path points now: a deleted file (or a folder cleaned up mid-run) is recreated with
+        every row it held, which the open file still has; a file put in its place is appended to."""
+        try:
+            if os.path.samestat(os.fstat(self.file.fileno()), os.stat(self.path)):
+                return
+            what = "was replaced during the run; appending to the new file"
+        except FileNotFoundError:
+            os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+            held = os.pread(self.file.fileno(), os.fstat(self.file.fileno()).st_size, 0)
+            tmp = f"{self.path}.tmp"
+            with open(tmp, "wb") as f:
+                f.write(held)
+            os.replace(tmp, self.path)
+            rows = held.count(b"\n")
+            what = f"was deleted during the run; recreated it with the {rows} row(s) written so far"
+        self.file.close()
+        self.file = open(self.path, "a+b", buffering=0)
+        print(f"llmtrain: warning: {self.path} {what}", flush=True)
 
     def close(self, status: str = "finished") -> None:
         """`status` (finished, failed, preempted): how the launch ended, for the trackers' runs. Closing twice
