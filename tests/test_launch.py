@@ -87,6 +87,11 @@ def test_crashed_rank_is_named_and_nothing_is_left(tmp_path):
         proc.kill()
     assert proc.returncode not in (0, None)
     assert re.search(r"rank 1 \(node 0, host \S+, local rank 1\) failed", out), out[-2000:]
+    lines = out.splitlines()
+    named = next(i for i, line in enumerate(lines) if re.search(r"rank 1 \(.*\) failed", line))
+    if (run_dir / "logs" / "rank1.log").stat().st_size == 0:  # killed before it wrote a line: others' lines stand in
+        assert lines[named + 1].startswith("  (its log is empty; last lines of rank 0's log, "), out[-2000:]
+        assert lines[named + 2].startswith("  "), out[-2000:]
     assert wait_for(lambda: not worker_processes(run_dir), timeout=30), worker_processes(run_dir)
 
 

@@ -135,3 +135,79 @@ def test_a_node_agent_lost_after_every_rank_finished_is_a_warning(tmp_path):
                                      "(exit code 255) after every rank finished; the run finished\n")
     # A status left by an earlier launch does not count as finished in this one.
     assert SSHBackend._finished_anyway(backend, Console(record=True), time.time() + 60) is False
+
+
+ENOSPC_CKPT = "RuntimeError: no space left on device writing checkpoint step 20 at /run/checkpoints/step-0000020.tmp"
+
+
+def test_a_recorded_storage_error_is_the_verdict_over_a_silent_peer(tmp_path):
+    """The same full disk kept rank 1 from writing its traceback and status, then torchrun stopped it (SIGTERM)."""
+    from llmtrain.jobs.state import _ended
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "rank0.status").write_text(json.dumps({"status": "error", "error": ENOSPC_CKPT}))
+    (logs / "rank2.status").write_text(json.dumps({"status": "error", "error": "RuntimeError: Connection reset"}))
+    summary = ("Failures:\n[1]:\n  time      : 2026-11-29_16:00:02\n  host      : vm\n  rank      : 0 (local_rank: 0)\n"
+               "  exitcode  : 1 (pid: 12)\n[2]:\n  time      : 2026-11-29_16:00:02\n  host      : vm\n"
+               "  rank      : 2 (local_rank: 2)\n  exitcode  : 1 (pid: 14)\n------\nRoot Cause (first observed "
+               "failure):\n[0]:\n  time      : 2026-11-29_16:00:01\n  host      : vm\n  rank      : 1 (local_rank: 1)\n"
+               "  exitcode  : -15 (pid: 13)\n")
+    assert failed_ranks(str(tmp_path), summary) == [0, 1, 2]
+    console = Console(record=True, width=300)
+    report_failure(console, str(tmp_path), summary, 1)
+    assert console.export_text().splitlines()[0].startswith(
+        f"llmtrain: rank 0 (host vm, local rank 0) failed (exit code 1): {ENOSPC_CKPT}; last lines of ")
+    # llmtrain status gives the same verdict, by the same rule, also when a lower rank recorded another error.
+    (logs / "rank0.status").write_text(json.dumps({"status": "error", "error": "RuntimeError: Connection reset"}))
+    (logs / "rank2.status").write_text(json.dumps({"status": "error", "error": ENOSPC_CKPT}))
+    assert _ended(str(tmp_path), {}, None) == ("failed", f"rank 2 failed: {ENOSPC_CKPT}")
+    assert failed_ranks(str(tmp_path), summary)[0] == 2
+    # Another node's silent death comes after the node whose rank ran out of space.
+    outputs = [_summary(1, -9, "node1"), _summary(2, 1, "node2")]
+    assert culprit_node(str(tmp_path), outputs, [1, 1], failure_order=[0, 1]) == 1
+    # OSError's own words count too; an error that does not blame the disk leaves the silent rank first.
+    (logs / "rank2.status").write_text(json.dumps({"status": "error", "error": "OSError: [Errno 28] No space "
+                                                   "left on device: '/run/metrics.jsonl'"}))
+    assert failed_ranks(str(tmp_path), summary)[0] == 2
+    (logs / "rank2.status").write_text(json.dumps({"status": "error", "error": "RuntimeError: Connection reset"}))
+    assert failed_ranks(str(tmp_path), summary)[0] == 1
+
+
+def test_a_restart_notice_names_the_rank_that_ran_out_of_space(tmp_path):
+    from llmtrain.launch.restarts import RestartNotices
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    notices = RestartNotices(str(tmp_path), nnodes=1, max_restarts=1, nproc_per_node=2)
+    (logs / "rank0.status").write_text(json.dumps({"status": "error", "error": ENOSPC_CKPT, "restart": 0}))
+    (logs / "node0.log").write_text("E1129 api.py:1002] failed (exitcode: 1) local_rank: 0 (pid: 7) of binary: x\n")
+    (notice,) = notices.poll()
+    assert notice.startswith("llmtrain: rank 0 (node 0, local rank 0) failed (exit code 1); torchrun restarts"), notice
+
+
+def test_an_empty_log_is_said_and_the_last_lines_that_exist_are_shown(tmp_path):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "rank1.log").write_text("")  # killed with SIGKILL before it wrote a line
+    (logs / "rank1.place").write_text(json.dumps({"rank": 1, "node": 0, "host": "vm", "local_rank": 1}))
+    (logs / "node0.log").write_text("torchrun starting\nfailed (exitcode: -9) local_rank: 1 (pid: 13)\n")
+    console = Console(record=True, width=300)
+    report_failure(console, str(tmp_path), _summary(1, -9, "vm"), 1)
+    lines = console.export_text().splitlines()
+    assert lines[0] == f"llmtrain: rank 1 (node 0, host vm, local rank 1) failed (signal 9); last lines of {logs / 'rank1.log'}:"
+    # Rank 0 has no log: its node agent's stands in.
+    assert lines[1:] == [f"  (its log is empty; last lines of its node agent's log, {logs / 'node0.log'}:)",
+                         "  torchrun starting", "  failed (exitcode: -9) local_rank: 1 (pid: 13)"]
+    (logs / "rank0.log").write_text("step 3 | loss 5.1\nRuntimeError: Connection closed by peer\n")
+    console = Console(record=True, width=300)
+    report_failure(console, str(tmp_path), _summary(1, -9, "vm"), 1)
+    assert console.export_text().splitlines()[1:] == [
+        f"  (its log is empty; last lines of rank 0's log, {logs / 'rank0.log'}:)", "  step 3 | loss 5.1",
+        "  RuntimeError: Connection closed by peer"]
+    # Nothing anywhere: said, not left blank.
+    for name in ("rank0.log", "node0.log"):
+        (logs / name).write_text("")
+    console = Console(record=True, width=300)
+    report_failure(console, str(tmp_path), _summary(1, -9, "vm"), 1)
+    assert console.export_text().splitlines()[1:] == ["  (its log is empty)"]

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from llmtrain.jobs.record import read_launches
 from llmtrain.jobs.slurm_query import SlurmJob, query
-from llmtrain.launch.failures import rank_statuses
+from llmtrain.launch.failures import errored_ranks, rank_statuses
 from llmtrain.launch.placement import describe_rank
 from llmtrain.launch.run_lock import LOCK_NAME, holder_gone
 
@@ -107,7 +107,7 @@ def _ended(run_dir: str, launch: dict, slurm: SlurmJob | None) -> tuple[str, str
     statuses = rank_statuses(run_dir)
     owned = launch.get("backend") in LAUNCHER_OWNED
     code = launch.get("exit_code") if owned else None
-    errors = sorted(r for r, s in statuses.items() if s.get("status") == "error")
+    errors = errored_ranks(statuses)
     preempted = {r: s for r, s in statuses.items() if s.get("status") == "preempted"}
     if code == LAUNCHER_INTERRUPTED:
         return INTERRUPTED, "stopped by Ctrl-C or llmtrain cancel --now (the launcher exited 130)"

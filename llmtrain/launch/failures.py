@@ -2,7 +2,9 @@
 
 When one rank dies, its peers fail too (a reset connection, a collective timeout) and record an error, and under
 load torchrun, or the launcher, may see one of those first. The culprit is the rank that died without a word: killed
-by a signal, or gone without writing its status file.
+by a signal, or gone without writing its status file. A recorded storage error (no space left, a read-only or
+failing disk) comes before that: the same disk can keep a peer from writing its own traceback and status, and it
+then looks silent.
 """
 
 from __future__ import annotations
@@ -14,11 +16,15 @@ from dataclasses import dataclass
 from rich.console import Console
 from rich.markup import escape
 
-from llmtrain.launch.placement import describe_rank, read_rank_files
+from llmtrain.launch.placement import describe_rank, read_places, read_rank_files
 
 # One entry of torchrun's "Failures:" / "Root Cause" summary (time, host and local_rank are optional).
 _FAILURE = re.compile(r"(?:time\s*:\s*(\S+)\s*\n\s*)?(?:host\s*:\s*(\S+)\s*\n\s*)?"
                       r"rank\s*:\s*(\d+)(?:\s*\(local_rank:\s*(\d+)\))?[^\n]*\n\s*exitcode\s*:\s*(-?\d+)")
+# A recorded error that blames the storage: the checkpoint's "no space left on device writing checkpoint step N",
+# OSError's "[Errno 28] No space left on device", a quota, a read-only or failing file system.
+_STORAGE_ERROR = re.compile(r"no space left on device|disk quota exceeded|read-only file system|"
+                            r"input/output error|\[Errno (?:5|28|30|122)\]", re.IGNORECASE)
 SIGTERM = 15  # what launchers (srun, torchrun, ours) send to stop the survivors
 SSH_ERROR = 255  # ssh's own failure: the connection or the host went away
 
@@ -62,22 +68,35 @@ def finished_ranks(run_dir: str, since: float) -> set[int]:
     return out
 
 
+def storage_error(status: dict) -> bool:
+    """Whether a rank's status records an error of the storage (full, read-only, failing)."""
+    return status.get("status") == "error" and bool(_STORAGE_ERROR.search(status.get("error") or ""))
+
+
+def errored_ranks(statuses: dict[int, dict]) -> list[int]:
+    """Ranks that recorded an error, those that blame the storage first (the verdict over any peer's error)."""
+    errored = sorted(r for r, st in statuses.items() if st.get("status") == "error")
+    return sorted(errored, key=lambda r: not storage_error(statuses[r]))
+
+
 def _silent(failure: RankFailure, statuses: dict[int, dict]) -> bool:
     return failure.code < 0 or failure.rank not in statuses
 
 
 def failed_ranks(run_dir: str, agent_output: str) -> list[int]:
-    """Failed ranks, the likely culprit first: silent deaths, then torchrun's root cause, then the rest."""
+    """Failed ranks, the likely culprit first: a recorded storage error, silent deaths, then torchrun's root cause,
+    then the rest."""
     return _ordered(agent_failures(agent_output), rank_statuses(run_dir), agent_output)
 
 
 def _ordered(failures: dict[int, RankFailure], statuses: dict[int, dict], agent_output: str) -> list[int]:
     root = agent_output.split("Root Cause", 1)
     root_rank = [int(m[2]) for m in _FAILURE.findall(root[1])[:1]] if len(root) == 2 else []
-    errored = sorted(r for r, st in statuses.items() if st.get("status") == "error")
+    errored = errored_ranks(statuses)
+    storage = [r for r in errored if storage_error(statuses[r])]
     silent = [f.rank for f in sorted(failures.values(), key=_death_order) if _silent(f, statuses)]
     ordered: list[int] = []
-    for r in silent + root_rank + sorted(failures) + errored:
+    for r in storage + silent + root_rank + sorted(failures) + errored:
         if r not in ordered:
             ordered.append(r)
     return ordered
@@ -85,16 +104,19 @@ def _ordered(failures: dict[int, RankFailure], statuses: dict[int, dict], agent_
 
 def culprit_node(run_dir: str, outputs: list[str], exit_codes: list[int | None], failure_order: list[int]) -> int:
     """Of several nodes' agents (outputs and exit codes by node index), the one whose failure came first in
-    cause: a node with a silent rank death, or whose ssh connection broke, before nodes whose ranks only errored;
-    among equals, the one that failed first (failure_order lists every failed node, first failure first)."""
+    cause: a node whose rank recorded a storage error, then a node with a silent rank death, or whose ssh
+    connection broke, before nodes whose ranks only errored; among equals, the one that failed first
+    (failure_order lists every failed node, first failure first)."""
     statuses = rank_statuses(run_dir)
     failed = [n for n in failure_order if exit_codes[n] not in (None, 0)]
 
     def tier(node: int) -> int:
         failures = agent_failures(outputs[node])
-        if any(_silent(f, statuses) for f in failures.values()):
+        if any(storage_error(statuses.get(r, {})) for r in failures):
             return 0
-        return 0 if exit_codes[node] == SSH_ERROR and not failures else 1
+        if any(_silent(f, statuses) for f in failures.values()):
+            return 1
+        return 1 if exit_codes[node] == SSH_ERROR and not failures else 2
 
     return min(failed, key=lambda n: (tier(n), failed.index(n)))
 
@@ -179,21 +201,42 @@ def report_failure(console: Console, run_dir: str, agent_output: str, exit_code:
                       f"({_first_line(statuses[peer].get('error'))}), and it was then killed ({how}); last lines "
                       f"of {log}:")
         console.print(f"[bold red]llmtrain: {escape(who)} hung (stopped responding)[/]{said}", highlight=False)
-        _print_tail(console, log, fallback=(peer, os.path.join(run_dir, "logs", f"rank{peer}.log")))
+        _print_tail(console, log, _stand_ins(run_dir, rank, first=peer, node=node))
         return
     error = _first_line(status.get("error"))
     said = escape((f": {error}" if error else "") + f"; last lines of {log}:")
     console.print(f"[bold red]llmtrain: {escape(who)} failed ({how})[/]{said}", highlight=False)
-    _print_tail(console, log)
+    _print_tail(console, log, _stand_ins(run_dir, rank, first=0, node=node))
 
 
-def _print_tail(console: Console, log: str, fallback: tuple[int, str] | None = None) -> None:
-    """The log's last lines; when it is empty (ranks other than 0 log little), the fallback rank's instead."""
+def _stand_ins(run_dir: str, rank: int, first: int, node: int | None) -> list[tuple[str, str]]:
+    """(what, path) of the logs to show when `rank`'s own is empty (a rank killed outright, or one other than 0,
+    which log little): rank `first`'s, then its node agent's (torchrun's account of the death)."""
+    logs = os.path.join(run_dir, "logs")
+    out = [(f"rank {first}'s log", os.path.join(logs, f"rank{first}.log"))] if first != rank else []
+    placed = read_places(run_dir).get(rank, {}).get("node")
+    node = node if placed is None else placed
+    agents = [f"node{node}.log"] if node is not None else \
+        sorted(n for n in _names(logs) if re.fullmatch(r"node\d+\.log", n))
+    if len(agents) == 1:
+        out.append(("its node agent's log", os.path.join(logs, agents[0])))
+    return out
+
+
+def _names(folder: str) -> list[str]:
+    try:
+        return os.listdir(folder)
+    except FileNotFoundError:
+        return []
+
+
+def _print_tail(console: Console, log: str, stand_ins: list[tuple[str, str]]) -> None:
+    """The log's last lines; when it is empty, those of the first stand-in log that has any."""
     lines = tail(log)
-    if not lines and fallback is not None:
-        rank, other = fallback
-        lines = tail(other)
-        console.print(f"  (its log is empty; last lines of rank {rank}'s log, {other}:)", markup=False,
-                      highlight=False)
+    if not lines:
+        found = next(((what, path, tail(path)) for what, path in stand_ins if tail(path)), None)
+        note = f"; last lines of {found[0]}, {found[1]}:" if found else ""
+        console.print(f"  (its log is empty{note})", markup=False, highlight=False)
+        lines = found[2] if found else []
     for line in lines:
         console.print(f"  {line}", markup=False, highlight=False)

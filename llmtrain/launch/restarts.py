@@ -16,7 +16,7 @@ import glob
 import os
 import re
 
-from llmtrain.launch.failures import rank_statuses
+from llmtrain.launch.failures import rank_statuses, storage_error
 from llmtrain.launch.follow import LineFollower
 from llmtrain.launch.placement import rank_label, read_places
 
@@ -77,11 +77,12 @@ class RestartNotices:
         return next((p.get("host") for p in read_places(self.run_dir).values() if p.get("node") == node), None)
 
     def _silent_rank(self, named: int, code: int, attempt: int) -> int | None:
-        """On one node: a rank of this attempt with no status, when the named one recorded an error."""
+        """On one node: a rank of this attempt with no status, when the named one recorded an error (other than
+        a storage error: that one is the cause, and may be why the other could not write its status)."""
         if self.nnodes != 1 or code < 0:
             return None
         statuses = {r: s for r, s in rank_statuses(self.run_dir).items() if s.get("restart") == attempt}
-        if statuses.get(named, {}).get("status") != "error":
+        if statuses.get(named, {}).get("status") != "error" or storage_error(statuses[named]):
             return None
         silent = [r for r in range(self.nproc_per_node) if r not in statuses]
         return silent[0] if silent else None
