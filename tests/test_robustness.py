@@ -100,34 +100,72 @@ def test_port_in_use_on_any_address():
         assert not preflight.port_in_use(port)  # closed: free again
 
 
-def test_plan_that_does_not_fit_is_refused_with_require_fit(tmp_path):
-    # 280 GiB per rank by the plan: more than any machine these tests run on, CPU or GPU.
-    result = run_cli(["launch", f"run.dir={tmp_path / 'run'}", "data=synthetic", "model.seq_len=1000000",
-                      "launch.require_fit=true"], timeout=120)
+def test_plan_far_over_memory_is_refused_by_default(tmp_path):
+    # 280 GiB per rank by the plan: over 1.5x any machine these tests run on, CPU or GPU.
+    result = run_cli(["launch", f"run.dir={tmp_path / 'run'}", "data=synthetic", "model.seq_len=1000000"],
+                     timeout=120)
     assert result.returncode == 2, result.stdout + result.stderr
     lines = _errors(result)
     assert len(lines) == 1, lines
-    assert re.match(r"llmtrain: error: launch\.require_fit: the plan's peak memory is 27\d\.\d GiB per rank .* but "
-                    r"(this machine's|the GPU's) memory", lines[0]), lines
+    assert re.match(r"llmtrain: error: launch\.max_memory_ratio: the plan's peak memory is 27\d\.\d GiB per rank .* "
+                    r"but (this machine's|the GPU's) memory is [\d.,]+ GiB \([\d.]+x; see llmtrain plan\), over "
+                    r"1\.5x: .* or launch\.max_memory_ratio=null to start anyway$", lines[0]), lines
     assert not (tmp_path / "run").exists()
 
 
-def test_plan_that_does_not_fit_warns_in_one_line(monkeypatch, capsys):
+def _memory_for(cfg, ratio: float):
+    """This node's memory as `ratio` times below the plan's two ranks."""
+    peak = preflight.planned_peak_bytes(cfg)
+    return lambda _: (peak * 2 / ratio, 2, "this machine's memory")
+
+
+def test_plan_over_memory_warns_below_the_margin_and_is_refused_over_it(monkeypatch, capsys):
     cfg = compose_config(["data=synthetic"], [])
     validate(cfg)
-    monkeypatch.setattr(preflight, "node_memory", lambda cfg: (2**20, 2, "this machine's memory"))
-    preflight.check_memory_fit(cfg)
+    peak = preflight.planned_peak_bytes(cfg)
+    monkeypatch.setattr(preflight, "node_memory", _memory_for(cfg, 1.25))
+    preflight.warn_memory_fit(cfg)
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 1 and lines[0].startswith("llmtrain: warning: the plan's peak memory is "), lines
-    assert "per rank x 2 ranks" in lines[0] and "this machine's memory is 1 MiB" in lines[0]
-    cfg.launch.require_fit = True
-    with pytest.raises(ConfigError, match="launch.require_fit"):
-        preflight.check_memory_fit(cfg)
-    # The default gpt-tiny fits this machine: no word.
+    assert f"per rank x 2 ranks = {preflight._gib(2 * peak)} but this machine's memory is " in lines[0]
+    assert "(1.25x; see llmtrain plan); the job will likely run out of memory" in lines[0]
+    cfg.launch.require_fit = True  # any excess refused
+    with pytest.raises(ConfigError) as info:
+        preflight.warn_memory_fit(cfg)
+    assert info.value.key == "launch.require_fit" and "(1.25x; " in info.value.message
     cfg.launch.require_fit = False
+    monkeypatch.setattr(preflight, "node_memory", _memory_for(cfg, 1.6))  # over the margin: refused by default
+    with pytest.raises(ConfigError) as info:
+        preflight.warn_memory_fit(cfg)
+    assert info.value.key == "launch.max_memory_ratio" and "(1.60x; see llmtrain plan), over 1.5x" in info.value.message
+    cfg.launch.max_memory_ratio = None  # the way to start anyway: a warning again
+    preflight.warn_memory_fit(cfg)
+    assert "(1.60x; see llmtrain plan); the job will likely run out of memory" in capsys.readouterr().out
+    # The default gpt-tiny fits this machine: no word from a launch.
+    cfg.launch.max_memory_ratio = 1.5
     monkeypatch.undo()
-    preflight.check_memory_fit(cfg)
+    preflight.warn_memory_fit(cfg)
     assert capsys.readouterr().out == ""
+
+
+def test_dry_run_states_the_memory_verdict(tmp_path, monkeypatch, capsys):
+    from llmtrain.cli import main
+
+    monkeypatch.setattr(preflight, "node_memory", lambda cfg: (23.5 * 2**30, 2, "this machine's memory"))
+    run_dir = tmp_path / "run"
+    assert main(["launch", "--dry-run", "data=synthetic", f"run.dir={run_dir}"]) == 0
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert re.fullmatch(r"llmtrain: the plan's peak memory is \d+ MiB per rank x 2 ranks = \d+ MiB and this "
+                        r"machine's memory is 23\.5 GiB \(under 0\.01x; see llmtrain plan\)", last), last
+    assert main(["launch", "--dry-run", "model=gpt-13b", "data=synthetic", f"run.dir={run_dir}"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1
+    assert captured.err.startswith("llmtrain: error: launch.max_memory_ratio: the plan's peak memory is 351.4 GiB "
+                                   "per rank x 2 ranks = 702.7 GiB but this machine's memory is 23.5 GiB (29.90x; ")
+    assert main(["launch", "--dry-run", "model=gpt-13b", "data=synthetic", "launch.max_memory_ratio=null",
+                 f"run.dir={run_dir}"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith("llmtrain: warning: the plan's peak memory is 351.4 GiB")
+    assert not run_dir.exists()
 
 
 def test_rendezvous_timeout_must_be_positive(tmp_path):

@@ -288,6 +288,9 @@ class LaunchConfig:
     rendezvous_timeout_s: int = 300
     # Refuse (instead of warn about) a launch whose planned peak memory per rank exceeds this node's memory.
     require_fit: bool = False
+    # Refuse, even without require_fit, a launch whose plan needs more than this many times this node's memory
+    # (it would thrash the machine or be killed); null = only warn.
+    max_memory_ratio: Optional[float] = 1.5
 
 
 @dataclass

@@ -306,6 +306,8 @@ def _validate_cluster(cfg: DictConfig) -> None:
     _require(cfg.launch.pg_timeout_s > 0, "launch.pg_timeout_s", f"must be > 0 (got {cfg.launch.pg_timeout_s})")
     _require(cfg.launch.rendezvous_timeout_s > 0, "launch.rendezvous_timeout_s",
              f"must be > 0 (got {cfg.launch.rendezvous_timeout_s})")
+    ratio = cfg.launch.max_memory_ratio
+    _require(ratio is None or ratio >= 1.0, "launch.max_memory_ratio", f"must be >= 1.0 or null (got {ratio})")
     _require(cfg.checkpoint.interval >= 0, "checkpoint.interval", f"must be >= 0 (got {cfg.checkpoint.interval})")
     _require(cfg.checkpoint.keep >= 1, "checkpoint.keep", f"must be >= 1 (got {cfg.checkpoint.keep})")
     if c.name == "ssh":

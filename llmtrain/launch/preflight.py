@@ -1,7 +1,8 @@
 """cluster=local checks before anything is written: the master port is free, the planned memory fits this node.
 
 A port another process listens on makes torchrun's rendezvous connect to that process and wait forever without a
-word; a plan that does not fit ends in an out-of-memory kill (or swapping) minutes later.
+word; a plan that does not fit ends in an out-of-memory kill (or swapping) minutes later, and one far over it
+thrashes the whole machine first.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import errno
 import os
 import socket
 import subprocess
+from typing import NamedTuple
 
 from omegaconf import DictConfig
 
@@ -22,7 +24,7 @@ GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/kfd")
 def check_local_node(cfg: DictConfig, training: bool = True) -> None:
     check_master_port(cfg)
     if training:
-        check_memory_fit(cfg)
+        warn_memory_fit(cfg)
 
 
 def port_in_use(port: int) -> bool:
@@ -94,30 +96,52 @@ def planned_peak_bytes(cfg: DictConfig) -> float:
     return build_plan(cfg, 1e12, None, neutral).peak_bytes_per_rank
 
 
-def memory_verdict(peak: float, memory: float, ranks: int, what: str) -> str | None:
-    """The one-line reason why `ranks` ranks of `peak` bytes each do not fit `memory` bytes, or None."""
-    if peak * ranks <= memory:
-        return None
+def memory_line(peak: float, memory: float, ranks: int, what: str) -> str:
+    """The plan's peak against the memory, both figures and their ratio, in words that fit a warning, an error
+    and the dry run's statement."""
     need = f"{_gib(peak)} per rank" + (f" x {ranks} ranks = {_gib(peak * ranks)}" if ranks > 1 else "")
-    return f"the plan's peak memory is {need} but {what} is {_gib(memory)} (see llmtrain plan)"
+    ratio = peak * ranks / memory
+    verb = "but" if ratio > 1 else "and"
+    times = f"{ratio:.2f}x" if ratio >= 0.01 else "under 0.01x"
+    return f"the plan's peak memory is {need} {verb} {what} is {_gib(memory)} ({times}; see llmtrain plan)"
 
 
-def check_memory_fit(cfg: DictConfig) -> None:
-    """Warn (launch.require_fit=true: refuse) when the plan does not fit this node."""
+_SMALLER = "use a smaller train.micro_batch_size or model.seq_len, recompute=full, or more tp/pp/zero"
+
+
+class MemoryFit(NamedTuple):
+    fits: bool
+    line: str  # the plan against the memory, as the launcher prints it (a warning when it does not fit)
+
+
+def check_memory_fit(cfg: DictConfig) -> MemoryFit | None:
+    """Refuse a plan over this node's memory by more than launch.max_memory_ratio (launch.require_fit=true: over
+    it at all); else the plan against the memory, or None when not known here (another backend's nodes, no GPU
+    figure). Called by a launch and by its dry run, before anything is written."""
     if cfg.cluster.name != "local":
-        return
+        return None
     found = node_memory(cfg)
     if found is None:
-        return
-    verdict = memory_verdict(planned_peak_bytes(cfg), *found)
-    if verdict is None:
-        return
-    if cfg.launch.require_fit:
-        raise ConfigError("launch.require_fit", f"{verdict}; use a smaller train.micro_batch_size or "
-                                                "model.seq_len, recompute=full, more tp/pp/zero, or "
-                                                "launch.require_fit=false to start anyway")
-    from llmtrain.console import get_console
+        return None
+    memory, ranks, _ = found
+    peak = planned_peak_bytes(cfg)
+    line = memory_line(peak, *found)
+    ratio, limit = peak * ranks / memory, cfg.launch.max_memory_ratio
+    if limit is not None and ratio > limit:
+        raise ConfigError("launch.max_memory_ratio", f"{line}, over {limit}x: it would thrash or be killed; "
+                                                     f"{_SMALLER}, or launch.max_memory_ratio=null to start anyway")
+    if ratio > 1 and cfg.launch.require_fit:
+        raise ConfigError("launch.require_fit", f"{line}; {_SMALLER}, or launch.require_fit=false to start anyway")
+    if ratio > 1:
+        return MemoryFit(False, f"llmtrain: warning: {line}; the job will likely run out of memory "
+                                "(launch.require_fit=true refuses such a launch)")
+    return MemoryFit(True, f"llmtrain: {line}")
 
-    get_console().print(f"llmtrain: warning: {verdict}; the job will likely run out of memory "
-                        "(launch.require_fit=true refuses such a launch)", markup=False, highlight=False,
-                        soft_wrap=True)
+
+def warn_memory_fit(cfg: DictConfig) -> None:
+    """A launch says the plan against the memory only when it does not fit."""
+    fit = check_memory_fit(cfg)
+    if fit is not None and not fit.fits:
+        from llmtrain.console import get_console
+
+        get_console().print(fit.line, markup=False, highlight=False, soft_wrap=True)

@@ -51,15 +51,22 @@ def layout_table(cfg: DictConfig) -> Table:
 
 
 def dry_run(cfg: DictConfig) -> int:
+    """Print what a launch would run; refuse what a launch would refuse for memory, and end with the plan's
+    memory against this node's."""
+    from llmtrain.launch.preflight import check_memory_fit
+
     console = get_console()
     run_dir = os.path.abspath(cfg.run.dir)
     cfg.run.dir = run_dir
     backend = get_backend(cfg, run_dir)
+    fit = check_memory_fit(cfg)
     console.rule("resolved config")
     console.print(to_yaml(cfg), markup=False, highlight=False)
     console.print(layout_table(cfg))
     console.rule("commands (nothing was started)")
     console.print(backend.preview(), markup=False, highlight=False, soft_wrap=True)
+    if fit is not None:
+        console.print(fit.line, markup=False, highlight=False, soft_wrap=True)
     return 0
 
 
