@@ -212,7 +212,8 @@ def test_metrics_deleted_mid_run_are_recreated_with_every_row(tmp_path, capsys):
     writer.write(ROWS[5])
     writer.close()
     assert read_metrics(str(path)) == [ROWS[0], ROWS[5]]
-    assert capsys.readouterr().out == f"llmtrain: warning: {path} was replaced during the run; appending to the new file\n"
+    assert capsys.readouterr().out == (f"llmtrain: warning: {path} was replaced during the run; appending to the "
+                                       "new file\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl"]
 
 

@@ -195,7 +195,8 @@ def test_an_empty_log_is_said_and_the_last_lines_that_exist_are_shown(tmp_path):
     console = Console(record=True, width=300)
     report_failure(console, str(tmp_path), _summary(1, -9, "vm"), 1)
     lines = console.export_text().splitlines()
-    assert lines[0] == f"llmtrain: rank 1 (node 0, host vm, local rank 1) failed (signal 9); last lines of {logs / 'rank1.log'}:"
+    assert lines[0] == ("llmtrain: rank 1 (node 0, host vm, local rank 1) failed (signal 9); last lines of "
+                        f"{logs / 'rank1.log'}:")
     # Rank 0 has no log: its node agent's stands in.
     assert lines[1:] == [f"  (its log is empty; last lines of its node agent's log, {logs / 'node0.log'}:)",
                          "  torchrun starting", "  failed (exitcode: -9) local_rank: 1 (pid: 13)"]

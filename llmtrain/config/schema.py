@@ -138,6 +138,9 @@ class LoggingConfig:
     mlflow: bool = False
     mlflow_tracking_uri: Optional[str] = None
     mlflow_experiment: str = "llmtrain"
+    # Seconds a tracker gets to start its run (rank 0 waits, the other ranks wait for rank 0); one that takes
+    # longer is off for the launch, with a warning, and training goes on.
+    tracker_start_timeout_s: float = 60
 
 
 @dataclass

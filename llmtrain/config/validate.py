@@ -116,6 +116,8 @@ def _validate_recompute_and_optim(cfg: DictConfig) -> None:
 
 
 def _validate_logging(cfg: DictConfig) -> None:
+    _require(cfg.logging.tracker_start_timeout_s > 0, "logging.tracker_start_timeout_s",
+             f"must be > 0 (got {cfg.logging.tracker_start_timeout_s})")
     if cfg.logging.tensorboard:
         from llmtrain.report.tensorboard import tensorboard_missing
 

@@ -22,6 +22,7 @@ from llmtrain.launch.backend import get_backend
 from llmtrain.launch.monitor import Monitor, RendezvousTimeout
 from llmtrain.launch.run_lock import RunDirLock
 from llmtrain.parallel.layout import ParallelDims
+from llmtrain.train.trackers.stores import check_tracker_stores
 
 EXIT_FAILED = 1
 EXIT_INTERRUPTED = 130
@@ -51,8 +52,8 @@ def layout_table(cfg: DictConfig) -> Table:
 
 
 def dry_run(cfg: DictConfig) -> int:
-    """Print what a launch would run; refuse what a launch would refuse for memory, and end with the plan's
-    memory against this node's."""
+    """Print what a launch would run; refuse what a launch would refuse for memory or a tracker's store, and end
+    with the plan's memory against this node's."""
     from llmtrain.launch.preflight import check_memory_fit
 
     console = get_console()
@@ -60,6 +61,7 @@ def dry_run(cfg: DictConfig) -> int:
     cfg.run.dir = run_dir
     backend = get_backend(cfg, run_dir)
     fit = check_memory_fit(cfg)
+    check_tracker_stores(cfg)
     console.rule("resolved config")
     console.print(to_yaml(cfg), markup=False, highlight=False)
     console.print(layout_table(cfg))
@@ -135,6 +137,7 @@ def launch(cfg: DictConfig) -> int:
     run_dir = cfg.run.dir = os.path.abspath(cfg.run.dir)
     backend = get_backend(cfg, run_dir)
     backend.check_ready()  # missing tools or devices: refused before anything is written
+    check_tracker_stores(cfg)  # a store that would stall rank 0's start-up, as well
     existed = os.path.isdir(run_dir)
     lock = RunDirLock(run_dir)
     try:
