@@ -145,3 +145,11 @@ def warn_memory_fit(cfg: DictConfig) -> None:
         from llmtrain.console import get_console
 
         get_console().print(fit.line, markup=False, highlight=False, soft_wrap=True)
+
+
+def memory_unknown_line(cfg: DictConfig) -> str:
+    """The dry run's statement when check_memory_fit has no memory to compare with."""
+    where = ("the GPU's memory is not known here (nvidia-smi gave no figure)" if cfg.cluster.name == "local"
+             else f"the memory of cluster={cfg.cluster.name}'s nodes is not known here")
+    return (f"llmtrain: the plan's peak memory is {_gib(planned_peak_bytes(cfg))} per rank; {where}, so it is not "
+            "compared (llmtrain plan hardware=NAME compares it with a GPU's)")

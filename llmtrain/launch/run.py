@@ -54,7 +54,7 @@ def layout_table(cfg: DictConfig) -> Table:
 def dry_run(cfg: DictConfig) -> int:
     """Print what a launch would run; refuse what a launch would refuse for memory or a tracker's store, and end
     with the plan's memory against this node's."""
-    from llmtrain.launch.preflight import check_memory_fit
+    from llmtrain.launch.preflight import check_memory_fit, memory_unknown_line
 
     console = get_console()
     run_dir = os.path.abspath(cfg.run.dir)
@@ -67,8 +67,8 @@ def dry_run(cfg: DictConfig) -> int:
     console.print(layout_table(cfg))
     console.rule("commands (nothing was started)")
     console.print(backend.preview(), markup=False, highlight=False, soft_wrap=True)
-    if fit is not None:
-        console.print(fit.line, markup=False, highlight=False, soft_wrap=True)
+    line = fit.line if fit is not None else memory_unknown_line(cfg)
+    console.print(line, markup=False, highlight=False, soft_wrap=True)
     return 0
 
 
