@@ -234,9 +234,12 @@ def _print_tail(console: Console, log: str, stand_ins: list[tuple[str, str]]) ->
     """The log's last lines; when it is empty, those of the first stand-in log that has any."""
     lines = tail(log)
     if not lines:
-        found = next(((what, path, tail(path)) for what, path in stand_ins if tail(path)), None)
-        note = f"; last lines of {found[0]}, {found[1]}:" if found else ""
+        note = ""
+        for what, path in stand_ins:
+            lines = tail(path)
+            if lines:
+                note = f"; last lines of {what}, {path}:"
+                break
         console.print(f"  (its log is empty{note})", markup=False, highlight=False)
-        lines = found[2] if found else []
     for line in lines:
         console.print(f"  {line}", markup=False, highlight=False)

@@ -53,7 +53,7 @@ def _start_within(tracker: Tracker, timeout_s: float, config: dict, run_dir: str
     def start() -> None:
         try:
             result["id"] = tracker.start(config, run_dir, resume_id)
-        except BaseException as e:  # noqa: BLE001 - handed to the caller, in its thread
+        except Exception as e:  # noqa: BLE001 - said by the caller, in its thread
             result["error"] = e
 
     thread = threading.Thread(target=start, name=f"start {tracker.title}", daemon=True)
@@ -63,10 +63,8 @@ def _start_within(tracker: Tracker, timeout_s: float, config: dict, run_dir: str
         _off(tracker, f"did not start its run within {timeout_s:g} s (logging.tracker_start_timeout_s, at most "
                       "half of launch.pg_timeout_s)")
         return None
-    if "error" in result:
-        if not isinstance(result["error"], Exception):
-            raise result["error"]
-        _warn(tracker, "start its run", result["error"])
+    if "id" not in result:
+        _warn(tracker, "start its run", result.get("error") or RuntimeError("its start ended without a run id"))
         return None
     return result["id"]
 
