@@ -320,7 +320,9 @@ def entry() -> None:
     except KeyboardInterrupt:
         from llmtrain.launch.stopping import stopped_early
 
-        code = stopped_early("interrupted", EXIT_INTERRUPTED)
+        # `data prepare` starts no worker; stopped before it began, it has written nothing.
+        prepare = sys.argv[1:3] == ["data", "prepare"]
+        code = stopped_early("interrupted", EXIT_INTERRUPTED, *(["nothing was written"] if prepare else []))
     sys.exit(code)
 
 
