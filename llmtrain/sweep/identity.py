@@ -52,7 +52,8 @@ def _difference(data: dict, runs: list[dict], first: Combination, config_dirs: S
     now_keys = sorted(first.swept)
     if then_keys != now_keys:
         return f"it sweeps {_listed(then_keys)}, this command {_listed(now_keys)}"
-    then = sorted(_fixed(run_overrides, then_keys)) if (run_overrides := _overrides_of(runs)) is not None else None
+    recorded = _overrides_of(runs)  # a run's overrides: the sweep's fixed ones and its own values
+    then = sorted(_fixed(recorded, then_keys)) if recorded is not None else None
     now = sorted(_fixed(first.fixed, now_keys))
     if then is not None and then != now:
         return (f"its other overrides {_listed([o for o in then if o not in now])} are "
