@@ -74,8 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="print the resolved config, rank layout, commands and environment; start nothing")
     launch.add_argument("-m", "--multirun", action="store_true",
                         help="sweep: one run per combination of the swept values (a,b  range(0,3)  choice(a,b)  "
-                             "glob(gpt-*) for a group), each in run.dir/<index>-<overrides>; run.dir names the "
-                             "sweep directory (default runs/<run.name>-sweep)")
+                             "glob(gpt-*) for a group), each in run.dir/<its swept values, e.g. lr=0.001>; run.dir "
+                             "names the sweep directory (default runs/<run.name>-sweep), which holds one sweep")
     launch.add_argument("--fail-fast", action="store_true",
                         help="with -m: stop the sweep at the first failed run (default: report it and go on)")
 
@@ -320,7 +320,9 @@ def entry() -> None:
     except KeyboardInterrupt:
         from llmtrain.launch.stopping import stopped_early
 
-        code = stopped_early("interrupted", EXIT_INTERRUPTED)
+        # `data prepare` starts no worker; stopped before it began, it has written nothing.
+        prepare = sys.argv[1:3] == ["data", "prepare"]
+        code = stopped_early("interrupted", EXIT_INTERRUPTED, *(["nothing was written"] if prepare else []))
     sys.exit(code)
 
 

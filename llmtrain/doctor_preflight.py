@@ -40,10 +40,23 @@ def ssh_hosts_ready(cfg: DictConfig, console: Console) -> bool:
         return True
     for check in down:
         _say(console, check.line())
-    names = ",".join(([c.exclude] if c.exclude else []) + [check.host for check in down])  # added to the user's own
-    _say(console, f"llmtrain doctor: {len(down)} of {len(hosts)} host(s) of {c.hostfile} cannot be reached over ssh; "
-                  f"nothing was started (cluster.exclude={names} leaves them out)")
+    _say(console, f"llmtrain doctor: {unreachable_advice(c, hosts, [check.host for check in down])}")
     return False
+
+
+def unreachable_advice(cluster: DictConfig, hosts: list[str], down: list[str]) -> str:
+    """What to do about the hosts that did not answer: leave them out while others remain, else look for the
+    common cause (excluding every host would leave nothing to run on)."""
+    if len(down) == len(hosts):
+        return (f"none of the {len(hosts)} host(s) of {cluster.hostfile} can be reached over ssh; nothing was "
+                "started: check the host names in the hostfile, that they resolve from here (getent hosts NAME), "
+                "and the ssh settings (cluster.ssh_user, cluster.ssh_port, cluster.ssh_identity, "
+                "cluster.ssh_config, ~/.ssh/config)")
+    names = ",".join(([cluster.exclude] if cluster.exclude else []) + down)  # added to the user's own
+    left = len(hosts) - len(down)
+    fewer = f", with cluster.nnodes={left}: {left} host(s) left" if left < cluster.nnodes else ""
+    return (f"{len(down)} of {len(hosts)} host(s) of {cluster.hostfile} cannot be reached over ssh; nothing was "
+            f"started (cluster.exclude={names} leaves them out{fewer})")
 
 
 def slurm_nodes_ready(cfg: DictConfig, console: Console) -> bool:

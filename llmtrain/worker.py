@@ -88,7 +88,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.flush()
         # os._exit: skip interpreter teardown that can hang on a broken process group.
         os._exit(1)
-    _write_status(status_path, "ok", state_bytes=trainer.state_bytes)
+    # The step reached and the goal: a run stopped by train.stop_at_step ended well, short of train.max_steps.
+    _write_status(status_path, "ok", state_bytes=trainer.state_bytes, step=trainer.step,
+                  max_steps=cfg.train.max_steps)
     if dist.is_initialized():
         dist.destroy_process_group()
     return 0

@@ -17,6 +17,7 @@ from rich.console import Console
 from llmtrain.cli import main
 from llmtrain.config import ConfigError, compose_config, validate
 from llmtrain.launch import slurm, ssh
+from llmtrain.launch.hostfile import cluster_hosts
 from llmtrain.launch.slurm import SlurmBackend
 from llmtrain.launch.ssh import SSHBackend
 
@@ -320,6 +321,28 @@ def test_slots_that_cannot_set_nproc_per_node_are_one_line(tmp_path, capsys, ove
     assert code == 2 and err.count("\n") == 1 and err.startswith(f"llmtrain: error: {key}:") and words in err, err
     if ssh_hosts:
         assert str(hosts) in err
+
+
+@pytest.mark.parametrize("hosts,words", [
+    ("node1 slots=4\nnode2 slots=0\n", "hosts.txt:2: node2 slots=0: a host runs at least one process (delete "
+                                       "the line, or use cluster.exclude, to leave it out)"),
+    ("node1 slots=1\n# a comment\nNODE1 slots=1\n",
+     "hosts.txt:3: host NODE1 is listed twice: line 1 has node1 (host names are case-insensitive); keep one line"),
+])
+def test_a_hostfile_line_no_host_can_run_is_refused_naming_the_line(tmp_path, capsys, hosts, words):
+    path = hostfile(tmp_path, hosts)
+    code = main(["launch", "--dry-run", "cluster=ssh", f"cluster.hostfile={path}", "cluster.nnodes=1"])
+    err = capsys.readouterr().err
+    assert code == 2 and err == f"llmtrain: error: cluster.hostfile: {tmp_path}/{words}\n", err
+
+
+def test_include_and_exclude_match_host_names_in_any_case(tmp_path):
+    hosts = "Node1 slots=1\nnode2 slots=1\nnode3 slots=1\n"
+    assert ssh_cfg(tmp_path, hosts, "cluster.nnodes=1", "cluster.include=NODE2").cluster.include == "NODE2"
+    assert [h.name for h in cluster_hosts(ssh_cfg(tmp_path, hosts, "cluster.nnodes=1",
+                                                  "cluster.include=node3").cluster)] == ["node3"]
+    chosen = cluster_hosts(ssh_cfg(tmp_path, hosts, "cluster.nnodes=2", "cluster.exclude=NODE1").cluster)
+    assert [h.name for h in chosen] == ["node2", "node3"]
 
 
 # --------------------------------------------------------------------------------------------- sbatch refusals

@@ -215,7 +215,7 @@ def test_a_slurm_sweep_submits_a_job_per_combination_and_both_finish(cluster, tm
         for job in jobs:
             scancel(cluster, job)
     runs = sorted(p for p in sweep.iterdir() if p.is_dir())
-    assert [p.name for p in runs] == ["0-train.lr=0.001", "1-train.lr=0.002"]
+    assert [p.name for p in runs] == ["lr=0.001", "lr=0.002"]
     for run, lr in zip(runs, (0.001, 0.002)):
         assert f"  lr: {lr}\n" in (run / "config.yaml").read_text()
         assert sorted(train_losses(run)) == list(range(1, 7))

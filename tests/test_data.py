@@ -6,6 +6,7 @@ import json
 import os
 import py_compile
 import shutil
+import signal
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -23,6 +24,8 @@ from llmtrain.data import (
     read_token_meta,
 )
 from llmtrain.data.datasets import MemmapDataset, SyntheticDataset
+from llmtrain.cli import main
+from llmtrain.data import atomic_files, corpus
 from llmtrain.data.prepare_cli import add_prepare_arguments, run_prepare
 from llmtrain.data.tokenfile import check_token_file
 
@@ -432,6 +435,54 @@ def test_prepare_bad_jsonl_line_is_one_line_naming_file_and_line(tmp_path, lines
     err = result.stderr.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"llmtrain: error: {key}: ") and f"{bad}:2:" in err[0]
     assert sorted(os.listdir(tmp_path)) == ["bad.jsonl"]
+
+
+def test_prepare_bad_jsonl_line_gives_the_parsers_whole_message(tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b'{"text": "ok"}\n{"text": "tab\there"}\n')
+    assert main(["data", "prepare", "--input", str(bad), "--output", str(tmp_path / "o.bin")]) == 2
+    err = capsys.readouterr().err
+    assert err == f"llmtrain: error: --input: {bad}:2: not valid JSON: Invalid control character at column 14\n"
+
+
+def prepare_args(tmp_path: Path, text: str) -> list[str]:
+    (tmp_path / "in.txt").write_text(text)
+    return ["data", "prepare", "--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "o.bin")]
+
+
+def test_ctrl_c_in_prepare_writes_nothing_and_says_so(tmp_path, capsys, monkeypatch):
+    assert main(prepare_args(tmp_path, "old text")) == 0
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+
+    def interrupted(self, chunks, out):
+        out.write(b"\0" * 64)  # part of the new file is written when Ctrl-C comes
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(corpus._ByteEncoder, "write_file", interrupted)
+    assert main(prepare_args(tmp_path, "a much longer new text")) == 130
+    err = capsys.readouterr().err
+    assert err == (f"llmtrain: interrupted: nothing was written ({tmp_path / 'o.bin'} and its meta are as they "
+                   "were)\n"), err
+    before["in.txt"] = (tmp_path / "in.txt").read_bytes()
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # no temp file left either
+
+
+def test_ctrl_c_while_prepare_renames_waits_for_the_meta(tmp_path, capsys, monkeypatch):
+    """A Ctrl-C between the data file's rename and its meta's would leave new tokens with the old meta."""
+    assert main(prepare_args(tmp_path, "old text")) == 0
+    renames = []
+
+    def fsync_dir_then_ctrl_c(directory):  # runs right after each rename
+        renames.append(directory)
+        if len(renames) == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(atomic_files, "fsync_dir", fsync_dir_then_ctrl_c)
+    assert main(prepare_args(tmp_path, "a much longer new text")) == 130
+    assert len(renames) == 2, "the meta's rename was cut short"
+    meta = json.loads((tmp_path / "o.bin.json").read_text())
+    assert meta["num_tokens"] == 22 and (tmp_path / "o.bin").stat().st_size == 44
+    assert "o.bin.json were written just before it" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------- data checked before launch

@@ -20,6 +20,7 @@ from omegaconf import OmegaConf
 
 from llmtrain.doctor import results_dir
 from llmtrain.doctor_bandwidth import plan_sweeps
+from llmtrain.doctor_preflight import unreachable_advice
 from llmtrain.doctor_report import bandwidth_lines, problems
 from llmtrain.launch import reachability
 from llmtrain.launch.collective_interface import named_interface
@@ -80,7 +81,8 @@ def test_unreachable_host_is_named_and_nothing_starts(tmp_path):
                         lines[0])
     assert took and 0.3 <= float(took[1]) < 5, lines[0]
     assert lines[1] == (f"llmtrain doctor: 1 of 2 host(s) of {hostfile} cannot be reached over ssh; nothing was "
-                        f"started (cluster.exclude={BAD_HOST} leaves them out)")
+                        f"started (cluster.exclude={BAD_HOST} leaves them out, with cluster.nnodes=1: 1 host(s) "
+                        "left)")
     # Only the probes ran: one per host, each the launcher's own ssh options + `-o ConnectTimeout=10 HOST true`.
     probes = [c.split(" ", 1)[1] for c in calls(bin_dir, "ssh")]
     options = ssh_options()
@@ -109,7 +111,8 @@ def test_hosts_are_probed_in_parallel_with_ssh_options(tmp_path):
     assert "-o BatchMode=yes" in options and f"-F {tmp_path / 'ssh_config'}" in options and "-l me" in options
     assert sorted(c.split(" ", 1)[1] for c in calls(bin_dir, "ssh")) == [
         f"{options} -o ConnectTimeout=3 down-{i} true" for i in range(4)]
-    assert result.stdout.splitlines()[-1].endswith("(cluster.exclude=down-0,down-1,down-2,down-3 leaves them out)")
+    assert result.stdout.splitlines()[-1].startswith(f"llmtrain doctor: none of the 4 host(s) of {hostfile} can be "
+                                                     "reached over ssh; nothing was started: check the host names")
 
 
 def test_a_stalled_ssh_is_stopped_and_named(tmp_path, monkeypatch):
@@ -134,6 +137,23 @@ def test_ssh_failures_keep_sshs_own_words():
 
 
 @pytest.mark.skipif(shutil.which("ssh") is None, reason="no ssh client on this machine")
+@pytest.mark.parametrize("hosts,down,exclude,nnodes,advice", [
+    (["node1", "node2", "node3"], ["node2"], None, 2,
+     "1 of 3 host(s) of hosts.txt cannot be reached over ssh; nothing was started (cluster.exclude=node2 leaves "
+     "them out)"),
+    (["node1", "node2", "node3"], ["node2", "node3"], "node4", 2,
+     "2 of 3 host(s) of hosts.txt cannot be reached over ssh; nothing was started (cluster.exclude=node4,node2,"
+     "node3 leaves them out, with cluster.nnodes=1: 1 host(s) left)"),
+    (["node1", "node2"], ["node1", "node2"], None, 2,
+     "none of the 2 host(s) of hosts.txt can be reached over ssh; nothing was started: check the host names in the "
+     "hostfile, that they resolve from here (getent hosts NAME), and the ssh settings (cluster.ssh_user, "
+     "cluster.ssh_port, cluster.ssh_identity, cluster.ssh_config, ~/.ssh/config)"),
+])
+def test_unreachable_advice_never_excludes_every_host(hosts, down, exclude, nnodes, advice):
+    cluster = OmegaConf.create({"hostfile": "hosts.txt", "exclude": exclude, "nnodes": nnodes})
+    assert unreachable_advice(cluster, hosts, down) == advice
+
+
 def test_real_ssh_names_an_unresolvable_host(tmp_path):
     hostfile = tmp_path / "hosts.txt"
     hostfile.write_text(f"{BAD_HOST} slots=1\n")

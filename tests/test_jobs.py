@@ -136,6 +136,17 @@ def test_status_json_has_every_fact(tmp_path, capsys):
     assert {"reason", "launcher", "started", "overrides", "run_dir", "slurm_state"} <= set(facts)
 
 
+def test_status_of_a_run_stopped_by_stop_at_step_says_stopped(tmp_path, capsys):
+    stopped = {"status": "ok", "error": None, "step": 60, "max_steps": 300}
+    run_dir = make_run(tmp_path, statuses={0: stopped, 1: stopped}, launches=[launch_entry()])
+    said = "stopped at step 60 (train.stop_at_step); 240 steps left; the same command continues"
+    facts = status_json(capsys, run_dir)
+    assert facts["state"] == "stopped" and facts["reason"].startswith(said), facts
+    code, out, _ = cli(capsys, "status", str(run_dir))
+    assert code == 0 and f"state       stopped: {said}" in out, out
+    assert cli(capsys, "follow", str(run_dir))[0] == 0  # a stop asked for is no failure
+
+
 def test_status_of_a_failed_run_names_the_rank(tmp_path, capsys):
     run_dir = make_run(tmp_path, steps=2, checkpoint=None, launches=[launch_entry(exit_code=1)],
                        statuses={0: {"status": "error", "error": "RuntimeError: boom\nmore"}, 1: OK})
@@ -329,3 +340,16 @@ def test_status_follow_and_cancel_of_a_local_launch(tmp_path):
     assert facts["launches"][0]["exit_code"] == 143 and facts["step"] >= facts["checkpoint"]["step"]
     again = run_cli(["cancel", str(run_dir)], timeout=60)
     assert again.returncode == 0 and "nothing to cancel" in again.stdout
+
+
+@pytest.mark.slow
+def test_a_run_stopped_by_stop_at_step_is_stopped_not_finished(tmp_path):
+    run_dir = tmp_path / "run"
+    result = run_cli(["launch", f"run.dir={run_dir}", *JOB, "train.max_steps=10", "train.stop_at_step=3"])
+    assert result.returncode == 0, result.stdout + result.stderr
+    said = "stopped at step 3 (train.stop_at_step); 7 steps left; the same command continues"
+    last = result.stdout.strip().splitlines()[-1]
+    assert last.startswith(f"llmtrain: {said}"), result.stdout[-2000:]
+    assert "job finished" not in result.stdout and "llmtrain: done," not in result.stdout, result.stdout[-2000:]
+    facts = _status(run_dir)
+    assert facts["state"] == "stopped" and facts["reason"].startswith(said) and facts["step"] == 3, facts

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -40,15 +41,16 @@ def test_swept_values_expand_to_their_cartesian_product():
     combos = expand(["train.lr=1e-3,3e-3", "model=gpt-tiny,gpt-125m", "train.seed=range(1,4)",
                      "+env.TAG='a,b'", "train.max_steps=5"], [builtin_config_dir()])
     assert len(combos) == 12
-    assert combos[0].dir_name == "0-train.lr=0.001,model=gpt-tiny,train.seed=1"
-    assert combos[11].dir_name == "11-train.lr=0.003,model=gpt-125m,train.seed=3"
+    assert combos[0].dir_name == "lr=0.001,model=gpt-tiny,seed=1"
+    assert combos[11].dir_name == "lr=0.003,model=gpt-125m,seed=3"
     assert combos[1].swept == {"train.lr": "0.001", "model": "gpt-tiny", "train.seed": "2"}  # last key fastest
     assert combos[5].overrides == ("train.lr=0.001", "model=gpt-125m", "train.seed=3", "+env.TAG='a,b'",
                                    "train.max_steps=5")
     globbed = expand(["model=glob(gpt-1*,exclude=gpt-13b)"], [builtin_config_dir()])
     assert [c.swept["model"] for c in globbed] == ["gpt-1.3b", "gpt-125m", "gpt-175b"]
     long = expand(["+env.X=" + "a" * 200 + ",b/c d"], [builtin_config_dir()])
-    assert len(long[0].dir_name) == 96 and long[1].dir_name == "1-env.X=b_c_d"
+    assert len(long[0].dir_name) == 96 and re.fullmatch(r"X=a{85}-[0-9a-f]{8}", long[0].dir_name)
+    assert re.fullmatch(r"X=b_c_d-[0-9a-f]{8}", long[1].dir_name)  # changed by the sanitizing: hashed
 
 
 @pytest.mark.parametrize("override,key,words", [
@@ -81,7 +83,7 @@ def test_a_bad_combination_fails_the_dry_run_naming_it(tmp_path, capsys):
         code = main(["launch", "-m", *dry, f"run.dir={sweep}", "cluster.nproc_per_node=2", "parallel.tp=1,3"])
         err = capsys.readouterr().err
         assert code == 2 and err.count("\n") == 1, err
-        assert err.startswith("llmtrain: error: parallel.tp:") and "(in sweep run 1-parallel.tp=3)" in err, err
+        assert err.startswith("llmtrain: error: parallel.tp:") and "(in sweep run tp=3)" in err, err
         assert not sweep.exists()
 
 
@@ -89,8 +91,8 @@ def test_dry_run_lists_every_run_with_its_commands(tmp_path, capsys):
     sweep = tmp_path / "sweep"
     assert main(["launch", "-m", "--dry-run", f"run.dir={sweep}", "train.lr=1e-3,3e-3", "train.seed=1,2"]) == 0
     out = capsys.readouterr().out
-    dirs = [sweep / name for name in ("0-train.lr=0.001,train.seed=1", "1-train.lr=0.001,train.seed=2",
-                                      "2-train.lr=0.003,train.seed=1", "3-train.lr=0.003,train.seed=2")]
+    dirs = [sweep / name for name in ("lr=0.001,seed=1", "lr=0.001,seed=2",
+                                      "lr=0.003,seed=1", "lr=0.003,seed=2")]
     assert [row[-1] for row in table_rows(out)] == [str(d) for d in dirs]
     for d in dirs:  # each run's own worker command, and the sweep's name in its environment
         assert f"-m llmtrain.worker {d}\n" in out
@@ -105,8 +107,8 @@ def test_slurm_dry_run_shows_one_job_per_run(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.count("#!/bin/bash\n") == 2
     outputs = [ln for ln in out.splitlines() if ln.startswith("#SBATCH --output=")]
-    assert outputs == [f"#SBATCH --output={sweep}/0-train.lr=0.001/logs/slurm-%j.out",
-                       f"#SBATCH --output={sweep}/1-train.lr=0.003/logs/slurm-%j.out"]
+    assert outputs == [f"#SBATCH --output={sweep}/lr=0.001/logs/slurm-%j.out",
+                       f"#SBATCH --output={sweep}/lr=0.003/logs/slurm-%j.out"]
     names = [ln for ln in out.splitlines() if ln.startswith("#SBATCH --job-name=")]
     assert names == ["#SBATCH --job-name=llmtrain-sweep-0", "#SBATCH --job-name=llmtrain-sweep-1"]
     assert not sweep.exists()
@@ -117,6 +119,94 @@ def test_slurm_runs_are_not_followed_so_all_are_submitted_at_once():
 
     plan = plan_sweep(["cluster=slurm", "cluster.nnodes=1", "cluster.follow=true", "train.lr=1e-3,3e-3"])
     assert [run.cfg.cluster.follow for run in plan.runs] == [False, False]
+
+
+# ---------------------------------------------------------------------------------------------- one sweep per folder
+
+def planned(sweep: Path, *overrides: str):
+    from llmtrain.sweep.plan import plan_sweep
+
+    return plan_sweep([f"run.dir={sweep}", *overrides])
+
+
+def written(sweep: Path, *overrides: str) -> dict:
+    """Plan a sweep and write its sweep.yaml as a launch does before its first run (nothing is launched)."""
+    from llmtrain.sweep import record
+
+    record.write(planned(sweep, *overrides))
+    return yaml.safe_load((sweep / "sweep.yaml").read_text())
+
+
+def test_a_run_folder_is_named_by_its_values_not_its_position(tmp_path):
+    sweep = tmp_path / "sweep"
+    written(sweep, "train.lr=1e-3,3e-3", "train.max_steps=3")
+    # A value added in front: the runs there keep their folders; only the new one gets a new folder.
+    plan = planned(sweep, "train.lr=3e-4,1e-3,3e-3", "train.max_steps=3")
+    assert [run.name for run in plan.runs] == ["lr=0.0003", "lr=0.001", "lr=0.003"]
+    assert [run.dir for run in plan.runs] == [str(sweep / n) for n in ("lr=0.0003", "lr=0.001", "lr=0.003")]
+    index = written(sweep, "train.lr=3e-4,1e-3,3e-3", "train.max_steps=3")
+    assert [(r["index"], r["dir"], r["params"]) for r in index["runs"]] == [
+        (0, "lr=0.001", {"train.lr": "0.001"}), (1, "lr=0.003", {"train.lr": "0.003"}),
+        (2, "lr=0.0003", {"train.lr": "0.0003"})]
+    assert index["overrides"][1] == "train.lr=3e-4,1e-3,3e-3"
+    # Fewer values again: the sweep keeps every run it listed.
+    assert [r["dir"] for r in written(sweep, "train.lr=1e-3,3e-3", "train.max_steps=3")["runs"]] == [
+        "lr=0.001", "lr=0.003", "lr=0.0003"]
+
+
+def test_folders_named_by_position_earlier_are_found_again_by_their_values(tmp_path):
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / "sweep.yaml").write_text(yaml.safe_dump({
+        "sweep": "sweep", "overrides": [f"run.dir={sweep}", "train.lr=1e-3,3e-3"], "config_dirs": [],
+        "swept": ["train.lr"], "backend": "local",
+        "runs": [{"index": i, "dir": f"{i}-train.lr={v}", "params": {"train.lr": v},
+                  "overrides": [f"train.lr={v}", f"run.dir={sweep}"]} for i, v in enumerate(["0.001", "0.003"])]}))
+    plan = planned(sweep, "train.lr=3e-4,1e-3,3e-3")
+    assert [run.name for run in plan.runs] == ["lr=0.0003", "0-train.lr=0.001", "1-train.lr=0.003"]
+
+
+@pytest.mark.parametrize("then,now,differs", [
+    (["train.lr=1e-3,3e-3", "train.max_steps=3"], ["train.lr=1e-3,3e-3", "train.max_steps=5"],
+     "its other overrides train.max_steps=3 are train.max_steps=5 here"),
+    (["train.lr=1e-3,3e-3"], ["train.seed=1,2"], "it sweeps train.lr, this command train.seed"),
+    (["train.lr=1e-3,3e-3"], ["train.lr=1e-3,3e-3", "train.seed=1,2"],
+     "it sweeps train.lr, this command train.lr train.seed"),
+])
+def test_another_sweep_into_a_sweep_folder_is_refused_and_nothing_is_written(tmp_path, capsys, then, now, differs):
+    sweep = tmp_path / "sweep"
+    written(sweep, *then)
+    before = (sweep / "sweep.yaml").read_bytes()
+    for dry in (["--dry-run"], []):
+        code = main(["launch", "-m", *dry, f"run.dir={sweep}", *now])
+        err = capsys.readouterr().err
+        assert code == 2 and err == (f"llmtrain: error: run.dir: {sweep} holds another sweep ({differs}); nothing "
+                                     f"was started or written: give run.dir={sweep}-2 for a new sweep (more values "
+                                     "of the same keys, with the same other overrides, extend that one)\n"), err
+    assert (sweep / "sweep.yaml").read_bytes() == before and sorted(os.listdir(sweep)) == ["sweep.yaml"]
+
+
+def test_default_sweep_folders_of_one_model_are_told_apart(tmp_path, capsys, monkeypatch):
+    """Two sweeps of one model without run.dir land in the same runs/<model>-sweep: the second is refused."""
+    from llmtrain.sweep import record
+    from llmtrain.sweep.plan import plan_sweep
+
+    monkeypatch.chdir(tmp_path)
+    first = plan_sweep(["train.lr=1e-3,3e-3"])
+    record.write(first)
+    assert main(["launch", "-m", "train.seed=1,2"]) == 2
+    err = capsys.readouterr().err
+    assert f"{first.dir} holds another sweep (it sweeps train.lr, this command train.seed)" in err, err
+
+
+def test_one_combination_given_twice_is_refused():
+    from llmtrain.config import builtin_config_dir
+    from llmtrain.config.errors import ConfigError
+    from llmtrain.sweep.expand import expand
+
+    with pytest.raises(ConfigError) as e:
+        expand(["train.lr=1e-3,0.001"], [builtin_config_dir()])
+    assert e.value.key == "train.lr" and "the combination train.lr=0.001 twice (runs 0 and 1)" in e.value.message
 
 
 # ---------------------------------------------------------------------------------------------- slurm
@@ -139,8 +229,8 @@ def test_slurm_sweep_submits_every_run_at_once_and_a_rerun_leaves_them(tmp_path,
     assert main(args) == 0
     out = capsys.readouterr().out
     calls = (bin_dir / "sbatch.calls").read_text().splitlines()
-    assert calls == [f"--parsable {sweep}/0-train.lr=0.001/slurm/job.sbatch",
-                     f"--parsable {sweep}/1-train.lr=0.003/slurm/job.sbatch"]
+    assert calls == [f"--parsable {sweep}/lr=0.001/slurm/job.sbatch",
+                     f"--parsable {sweep}/lr=0.003/slurm/job.sbatch"]
     assert "Slurm job 1001" in out and "Slurm job 1002" in out
     assert "sweep sweep: 2 run(s): 2 submitted" in out
     # Again: both jobs hold their run directories, so nothing is submitted twice.
@@ -164,10 +254,10 @@ def test_local_sweep_runs_every_combination_resumes_and_compares(tmp_path):
     assert index["swept"] == ["train.lr", "train.seed"]
     runs = index["runs"]
     assert [(r["index"], r["dir"], r["params"]) for r in runs] == [
-        (0, "0-train.lr=0.001,train.seed=1", {"train.lr": "0.001", "train.seed": "1"}),
-        (1, "1-train.lr=0.001,train.seed=2", {"train.lr": "0.001", "train.seed": "2"}),
-        (2, "2-train.lr=0.003,train.seed=1", {"train.lr": "0.003", "train.seed": "1"}),
-        (3, "3-train.lr=0.003,train.seed=2", {"train.lr": "0.003", "train.seed": "2"})]
+        (0, "lr=0.001,seed=1", {"train.lr": "0.001", "train.seed": "1"}),
+        (1, "lr=0.001,seed=2", {"train.lr": "0.001", "train.seed": "2"}),
+        (2, "lr=0.003,seed=1", {"train.lr": "0.003", "train.seed": "1"}),
+        (3, "lr=0.003,seed=2", {"train.lr": "0.003", "train.seed": "2"})]
     metrics = {}
     for r in runs:
         run_dir = sweep / r["dir"]
@@ -211,13 +301,13 @@ def test_a_failed_run_is_reported_and_the_sweep_goes_on_unless_fail_fast(tmp_pat
     fast = run_cli([*args, "--fail-fast"], env=env)
     assert fast.returncode == 1
     assert "stopping the sweep (--fail-fast)" in fast.stdout
-    assert "1 failed: 0-train.max_bad_steps=1 (exit 1); 1 not started: 1-train.max_bad_steps=5" in fast.stdout
-    assert not (sweep / "1-train.max_bad_steps=5").exists()
+    assert "1 failed: max_bad_steps=1 (exit 1); 1 not started: max_bad_steps=5" in fast.stdout
+    assert not (sweep / "max_bad_steps=5").exists()
     on = run_cli(args, env=env)
     assert on.returncode == 1
-    assert "run 0-train.max_bad_steps=1 failed (exit 1); going on with the next run" in on.stdout
-    assert "2 run(s): 1 finished; 1 failed: 0-train.max_bad_steps=1 (exit 1)" in on.stdout
-    assert [r["step"] for r in read_rows(sweep / "1-train.max_bad_steps=5") if "loss" in r] == [1, 2, 3]
+    assert "run max_bad_steps=1 failed (exit 1); going on with the next run" in on.stdout
+    assert "2 run(s): 1 finished; 1 failed: max_bad_steps=1 (exit 1)" in on.stdout
+    assert [r["step"] for r in read_rows(sweep / "max_bad_steps=5") if "loss" in r] == [1, 2, 3]
 
 
 @pytest.mark.slow
@@ -226,7 +316,7 @@ def test_ctrl_c_stops_the_run_the_usual_way_then_the_sweep(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "llmtrain", "launch", "-m", f"run.dir={sweep}", *TINY,
                              "train.eval_interval=0", "train.max_steps=100000,3"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    first = sweep / "0-train.max_steps=100000"
+    first = sweep / "max_steps=100000"
     try:
         assert wait_for(lambda: read_rows(first), timeout=120), "training never started"
         proc.send_signal(signal.SIGINT)
@@ -235,8 +325,8 @@ def test_ctrl_c_stops_the_run_the_usual_way_then_the_sweep(tmp_path):
         proc.kill()
     assert proc.returncode == 130, out[-3000:]
     assert "the same command resumes from it" in out  # the run's own Ctrl-C path: it checkpointed
-    assert "1 not started: 1-train.max_steps=3; stopped by Ctrl-C in 0-train.max_steps=100000" in out, out[-2000:]
-    assert not (sweep / "1-train.max_steps=3").exists()
+    assert "1 not started: max_steps=3; stopped by Ctrl-C in max_steps=100000" in out, out[-2000:]
+    assert not (sweep / "max_steps=3").exists()
     assert wait_for(lambda: not worker_processes(first), timeout=30)
 
 
@@ -288,3 +378,23 @@ def test_compare_refuses_a_folder_that_is_neither_a_run_nor_a_sweep(tmp_path, ca
     assert main(["compare", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "nor a sweep directory (no sweep.yaml)" in err, err
+
+
+@pytest.mark.slow
+def test_a_value_added_to_a_finished_sweep_runs_only_the_new_combination(tmp_path):
+    sweep = tmp_path / "sweep"
+    base = ["launch", "-m", f"run.dir={sweep}", *TINY, "train.eval_interval=0"]
+    first = run_cli([*base, "train.lr=1e-3,3e-3"])
+    assert first.returncode == 0 and "2 run(s): 2 finished" in first.stdout, first.stdout[-3000:] + first.stderr
+    metrics = {name: (sweep / name / "metrics.jsonl").read_bytes() for name in ("lr=0.001", "lr=0.003")}
+    more = run_cli([*base, "train.lr=3e-4,1e-3,3e-3"])
+    assert more.returncode == 0, more.stdout[-3000:] + more.stderr[-3000:]
+    for name in metrics:
+        assert f"llmtrain: sweep: skipping {name}: finished (step 3 of 3)" in more.stdout, more.stdout
+        assert (sweep / name / "metrics.jsonl").read_bytes() == metrics[name]
+    assert "sweep: run 1/3: lr=0.0003" in more.stdout and "3 run(s): 3 finished (2 skipped: finished before)" in \
+        more.stdout, more.stdout
+    assert [r["step"] for r in read_rows(sweep / "lr=0.0003") if "loss" in r] == [1, 2, 3]
+    assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["lr=0.0003", "lr=0.001", "lr=0.003"]
+    assert [r["dir"] for r in yaml.safe_load((sweep / "sweep.yaml").read_text())["runs"]] == [
+        "lr=0.001", "lr=0.003", "lr=0.0003"]

@@ -20,10 +20,11 @@ import os
 import re
 import sys
 import sysconfig
-import tempfile
 from array import array
 from typing import BinaryIO, Iterable, Iterator, Sequence
 
+from .atomic_files import atomic_write as _atomic_write
+from .atomic_files import signals_held as _signals_held
 from .errors import DataError
 from .tokenfile import TOKEN_FORMAT, meta_path, read_token_meta
 
@@ -130,35 +131,38 @@ def prepare_corpus(
     encoder = _ByteEncoder() if tok is None else _TokenizerEncoder(tok)
     not_text: list[tuple[str, str]] = []
     total = used = 0
-    with _atomic_write(output) as out:
-        for path, name in files:
-            try:
-                src = open(path, "rb")
-            except OSError as e:
-                raise DataError("--input", f"cannot read {name}: {e.strerror or e}") from None
-            start = out.tell()
-            try:
-                with src:
-                    if path.lower().endswith(".jsonl"):
-                        total += encoder.write_documents(_jsonl_documents(src, name, jsonl_key), out)
-                    else:
-                        total += encoder.write_file(_text_chunks(src), out)
-            except _NotText as e:
-                out.seek(start)
-                out.truncate()  # drop what was written before the file turned out not to be text
-                not_text.append((name, e.reason))
-                continue
-            used += 1
-        if used == 0:
-            raise DataError("--input", f"no text file to tokenize; {skip_summary(not_text)}")
-        if total == 0:
-            raise DataError("--input", "the input files are all empty" if tok is None else
-                            "the input files produced no tokens")
-    if tok is None:
-        meta = _token_meta("uint16", BYTE_VOCAB_SIZE, total, "byte", used)
-    else:
-        meta = _token_meta(encoder.dtype, encoder.vocab_size, total, os.path.abspath(tokenizer), used)
-    _write_meta(output, meta)
+    with contextlib.ExitStack() as commit:
+        with _atomic_write(output) as out:
+            for path, name in files:
+                try:
+                    src = open(path, "rb")
+                except OSError as e:
+                    raise DataError("--input", f"cannot read {name}: {e.strerror or e}") from None
+                start = out.tell()
+                try:
+                    with src:
+                        if path.lower().endswith(".jsonl"):
+                            total += encoder.write_documents(_jsonl_documents(src, name, jsonl_key), out)
+                        else:
+                            total += encoder.write_file(_text_chunks(src), out)
+                except _NotText as e:
+                    out.seek(start)
+                    out.truncate()  # drop what was written before the file turned out not to be text
+                    not_text.append((name, e.reason))
+                    continue
+                used += 1
+            if used == 0:
+                raise DataError("--input", f"no text file to tokenize; {skip_summary(not_text)}")
+            if total == 0:
+                raise DataError("--input", "the input files are all empty" if tok is None else
+                                "the input files produced no tokens")
+            # From here a Ctrl-C waits: the data file and its meta replace the old pair together, or neither does.
+            commit.enter_context(_signals_held())
+        if tok is None:
+            meta = _token_meta("uint16", BYTE_VOCAB_SIZE, total, "byte", used)
+        else:
+            meta = _token_meta(encoder.dtype, encoder.vocab_size, total, os.path.abspath(tokenizer), used)
+        _write_meta(output, meta)
     if skipped is not None:
         skipped.extend(not_text)
     return meta
@@ -297,7 +301,7 @@ def _jsonl_documents(src: BinaryIO, name: str, key: str) -> Iterator[str]:
         try:
             obj = json.loads(line)
         except ValueError as e:
-            raise DataError("--input", f"{name}:{lineno}: not valid JSON ({getattr(e, 'msg', e)})") from None
+            raise DataError("--input", f"{name}:{lineno}: not valid JSON: {_json_error(e)}") from None
         if not isinstance(obj, dict):
             raise DataError("--input", f"{name}:{lineno}: expected a JSON object, got {type(obj).__name__}")
         if key not in obj:
@@ -307,6 +311,13 @@ def _jsonl_documents(src: BinaryIO, name: str, key: str) -> Iterator[str]:
         if not isinstance(text, str):
             raise DataError("--jsonl-key", f"{name}:{lineno}: field {key!r} is {type(text).__name__}, not a string")
         yield text
+
+
+def _json_error(e: ValueError) -> str:
+    """The parser's whole message, its position as the column of the line (the line is in FILE:LINE)."""
+    if isinstance(e, json.JSONDecodeError):
+        return f"{e.msg.removesuffix(' at')} at column {e.colno}"
+    return str(e)
 
 
 def _utf8(text: str) -> bytes:
@@ -411,33 +422,3 @@ def _bytes_as_uint16(data: bytes) -> bytearray:
 def _write_meta(path: str, meta: dict) -> None:
     with _atomic_write(meta_path(path)) as out:
         out.write((json.dumps(meta, indent=2) + "\n").encode("utf-8"))
-
-
-@contextlib.contextmanager
-def _atomic_write(path: str) -> Iterator[BinaryIO]:
-    """Yield a temp file beside `path`; on success fsync it and rename it over `path`, else delete it."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; a shared cache should stay readable
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(directory)
-
-
-def _fsync_dir(directory: str) -> None:
-    """Persist the rename itself; not every filesystem supports fsync on a directory."""
-    with contextlib.suppress(OSError):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)

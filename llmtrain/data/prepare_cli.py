@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
-from .corpus import prepare_corpus, skip_summary
+from .corpus import meta_path, prepare_corpus, skip_summary
+
+EXIT_INTERRUPTED = 130
 
 
 def add_prepare_arguments(parser: argparse.ArgumentParser) -> None:
@@ -55,15 +59,20 @@ def add_prepare_arguments(parser: argparse.ArgumentParser) -> None:
 def run_prepare(args: argparse.Namespace) -> int:
     """Write the token file; returns the exit status. A DataError propagates for the CLI to report."""
     skipped: list[tuple[str, str]] = []
-    meta = prepare_corpus(
-        args.input,
-        args.output,
-        tokenizer=args.tokenizer,
-        include=args.include,
-        exclude=args.exclude,
-        jsonl_key=args.jsonl_key,
-        skipped=skipped,
-    )
+    before = _identity(args.output)
+    try:
+        meta = prepare_corpus(
+            args.input,
+            args.output,
+            tokenizer=args.tokenizer,
+            include=args.include,
+            exclude=args.exclude,
+            jsonl_key=args.jsonl_key,
+            skipped=skipped,
+        )
+    except KeyboardInterrupt:
+        print(f"llmtrain: interrupted: {_interrupted(args.output, before)}", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
     tokenizer = "byte-level" if meta["tokenizer"] == "byte" else meta["tokenizer"]
     print(
         f"wrote {meta['num_tokens']:,} tokens ({meta['dtype']}, vocab {meta['vocab_size']}, {tokenizer}) "
@@ -72,3 +81,22 @@ def run_prepare(args: argparse.Namespace) -> int:
     if skipped:
         print(skip_summary(skipped))
     return 0
+
+
+def _identity(path: str) -> tuple | None:
+    """What tells a file replaced (a new inode, size or time) from the one there before; None when absent."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def _interrupted(output: str, before: tuple | None) -> str:
+    """What a Ctrl-C left: the temp files are gone; the token file and its meta are replaced together or not at
+    all (prepare_corpus holds the signal while it renames them)."""
+    if _identity(output) != before:
+        return f"{output} and {meta_path(output)} were written just before it"
+    if before is None:
+        return f"nothing was written ({output} does not exist)"
+    return f"nothing was written ({output} and its meta are as they were)"

@@ -10,10 +10,10 @@ import time
 
 from llmtrain.console import get_console
 from llmtrain.jobs import rundir
-from llmtrain.jobs.state import FAILED, FINISHED, INTERRUPTED, PREEMPTED, UNKNOWN, JobState, job_state
+from llmtrain.jobs.state import FAILED, FINISHED, INTERRUPTED, PREEMPTED, STOPPED, UNKNOWN, JobState, job_state
 from llmtrain.jobs.status import facts
 
-EXIT_BY_STATE = {FINISHED: 0, FAILED: 1, INTERRUPTED: 130, PREEMPTED: 143, UNKNOWN: 1}
+EXIT_BY_STATE = {FINISHED: 0, STOPPED: 0, FAILED: 1, INTERRUPTED: 130, PREEMPTED: 143, UNKNOWN: 1}
 SLURM_POLL_S = 2.0  # how often scontrol is asked, as the launcher does
 
 

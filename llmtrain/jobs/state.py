@@ -21,6 +21,7 @@ from llmtrain.launch.run_lock import LOCK_NAME, holder_gone
 
 RUNNING, PENDING, UNKNOWN = "running", "pending", "unknown"
 FINISHED, FAILED, INTERRUPTED, PREEMPTED = "finished", "failed", "interrupted", "preempted"
+STOPPED = "stopped"  # ended well at train.stop_at_step, short of train.max_steps
 LAUNCHER_INTERRUPTED, LAUNCHER_PREEMPTED = 130, 143
 # Backends whose launcher owns the job's processes: how it exited is how the job ended.
 LAUNCHER_OWNED = ("local", "ssh")
@@ -119,7 +120,8 @@ def _ended(run_dir: str, launch: dict, slurm: SlurmJob | None) -> tuple[str, str
     if preempted or code == LAUNCHER_PREEMPTED or (slurm and slurm.state == "PREEMPTED"):
         return PREEMPTED, _preempted_reason(preempted)
     if statuses and all(s.get("status") == "ok" for s in statuses.values()):
-        return FINISHED, f"all {len(statuses)} rank(s) finished"
+        short = stopped_short(statuses)
+        return (STOPPED, short) if short else (FINISHED, f"all {len(statuses)} rank(s) finished")
     if slurm is not None and slurm.state == "CANCELLED":
         return INTERRUPTED, f"Slurm job {slurm.job_id} was cancelled"
     if slurm is not None and slurm.ended:
@@ -129,6 +131,20 @@ def _ended(run_dir: str, launch: dict, slurm: SlurmJob | None) -> tuple[str, str
     if launch and launch.get("exit_code") is None and launch.get("ended"):
         return FAILED, "the launcher stopped with an error before the job ran"
     return FAILED, "no rank recorded how it ended (see logs/)"
+
+
+def stopped_short(statuses: dict[int, dict]) -> str | None:
+    """Why ranks that all ended well stopped before train.max_steps (train.stop_at_step), in words; None when they
+    reached it (or their statuses predate the step being recorded)."""
+    steps = [s.get("step") for s in statuses.values()]
+    goals = [s.get("max_steps") for s in statuses.values()]
+    if not steps or not all(isinstance(v, int) for v in steps + goals):
+        return None
+    step, goal = max(steps), max(goals)
+    if step >= goal:
+        return None
+    return (f"stopped at step {step} (train.stop_at_step); {goal - step} steps left; the same command continues "
+            "with a later train.stop_at_step, or without it")
 
 
 def _preempted_reason(preempted: dict[int, dict]) -> str:

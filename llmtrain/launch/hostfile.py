@@ -29,7 +29,7 @@ def parse_hostfile(path: str) -> list[Host]:
         raise ConfigError("cluster.hostfile", f"no such file: {path}") from None
     except OSError as e:
         raise ConfigError("cluster.hostfile", f"cannot read {path}: {e.strerror}") from None
-    hosts, seen = [], set()
+    hosts, seen = [], {}  # lower-case name -> (line number, name as written): host names are case-insensitive
     for number, raw in enumerate(lines, 1):
         line = raw.split("#", 1)[0].strip()
         if not line:
@@ -42,9 +42,15 @@ def parse_hostfile(path: str) -> list[Host]:
         if len(parts) > 2 or (len(parts) == 2 and not _SLOTS.match(parts[1])):
             raise ConfigError("cluster.hostfile", f"{where}: expected 'hostname slots=N', got {raw.strip()!r}")
         slots = int(_SLOTS.match(parts[1]).group(1)) if len(parts) == 2 else 1
-        if parts[0] in seen:
-            raise ConfigError("cluster.hostfile", f"{where}: host {parts[0]} is listed twice")
-        seen.add(parts[0])
+        if slots == 0:
+            raise ConfigError("cluster.hostfile", f"{where}: {parts[0]} slots=0: a host runs at least one process "
+                                                  "(delete the line, or use cluster.exclude, to leave it out)")
+        first = seen.get(parts[0].lower())
+        if first:
+            same = "" if first[1] == parts[0] else " (host names are case-insensitive)"
+            raise ConfigError("cluster.hostfile", f"{where}: host {parts[0]} is listed twice: line {first[0]} has "
+                                                  f"{first[1]}{same}; keep one line")
+        seen[parts[0].lower()] = (number, parts[0])
         hosts.append(Host(parts[0], slots))
     if not hosts:
         raise ConfigError("cluster.hostfile", f"{path} lists no hosts")
@@ -63,13 +69,14 @@ def _host_list(value: str | None, key: str) -> list[str]:
 
 def select_hosts(hosts: list[Host], include: str | None, exclude: str | None) -> list[Host]:
     """Apply cluster.include / cluster.exclude (host names separated by ',' or '@', as DeepSpeed's --include)."""
-    known = {h.name for h in hosts}
+    known = {h.name.lower() for h in hosts}  # host names are case-insensitive
     inc, exc = _host_list(include, "cluster.include"), _host_list(exclude, "cluster.exclude")
     for key, names in (("cluster.include", inc), ("cluster.exclude", exc)):
-        unknown = [n for n in names if n not in known]
+        unknown = [n for n in names if n.lower() not in known]
         if unknown:
             raise ConfigError(key, f"not in the hostfile: {', '.join(unknown)}")
-    chosen = [h for h in hosts if (not inc or h.name in inc) and h.name not in exc]
+    inc, exc = {n.lower() for n in inc}, {n.lower() for n in exc}
+    chosen = [h for h in hosts if (not inc or h.name.lower() in inc) and h.name.lower() not in exc]
     if not chosen:
         raise ConfigError("cluster.include", "no host left after cluster.include / cluster.exclude")
     return chosen

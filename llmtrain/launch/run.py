@@ -17,8 +17,10 @@ from llmtrain.config.errors import ConfigError
 from llmtrain.data.errors import DataError
 from llmtrain.console import fold_table, get_console
 from llmtrain.jobs.record import LaunchRecord
+from llmtrain.jobs.state import stopped_short
 from llmtrain.launch import run_identity, stopping
 from llmtrain.launch.backend import get_backend
+from llmtrain.launch.failures import rank_statuses
 from llmtrain.launch.monitor import Monitor, RendezvousTimeout
 from llmtrain.launch.run_lock import RunDirLock
 from llmtrain.parallel.layout import ParallelDims
@@ -205,8 +207,9 @@ def _start_and_follow(cfg: DictConfig, backend, console) -> int:
         return EXIT_FAILED
     # A backend that can return before its job ends (a Slurm submission) says whether the job did.
     if code == 0 and getattr(backend, "finished_job", True):
-        console.print(f"llmtrain: job finished; metrics in {os.path.join(run_dir, 'metrics.jsonl')}",
-                      markup=False, highlight=False)
+        short = stopped_short(rank_statuses(run_dir))
+        console.print(f"llmtrain: {short or 'job finished'}; metrics in {os.path.join(run_dir, 'metrics.jsonl')}",
+                      markup=False, highlight=False, soft_wrap=True)
     return code
 
 

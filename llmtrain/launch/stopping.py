@@ -79,13 +79,13 @@ def interrupted(backend, run_dir: str, console: Console) -> None:
     stop_job(backend, run_dir, console)
 
 
-def stopped_early(why: str, code: int) -> int:
+def stopped_early(why: str, code: int, before_start: str = "stopped before any worker started") -> int:
     """A Ctrl-C or SIGTERM that reached the top of the launcher (it came before the job started, or between two
     steps of a stop): kill whatever the launcher started and say so in one line instead of a traceback."""
     from llmtrain.console import get_console
 
     _ignore((signal.SIGINT,) + PREEMPT_SIGNALS)
     n = processes.kill_all()
-    said = f"killed the {n} process(es) it had started" if n else "stopped before any worker started"
+    said = f"killed the {n} process(es) it had started" if n else before_start
     get_console().print(f"llmtrain: {why}: {said}", markup=False, highlight=False)
     return code

@@ -5,6 +5,7 @@ gives the same run directories, which is what lets it resume."""
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import re
 from dataclasses import dataclass
@@ -13,15 +14,17 @@ from typing import Iterable, Sequence
 
 from llmtrain.config.errors import ConfigError
 
-MAX_DIR_NAME = 96  # characters of a run directory's name: `<index>-<swept key=value,...>`, cut to stay short
+MAX_DIR_NAME = 96  # characters of a run directory's name: its swept values, cut (and hashed) to stay short
 _UNSAFE = re.compile(r"[^A-Za-z0-9._,=+@-]+")
+_HASH_CHARS = 8
 
 
 @dataclass(frozen=True)
 class Combination:
-    index: int
+    index: int  # its position in this command's product (the dry run's #, a Slurm job's name)
     swept: dict[str, str]  # key (without +/~) -> the value this run takes, as Hydra writes it
     overrides: tuple[str, ...]  # every override of this run: the command's, each sweep replaced by one value
+    fixed: tuple[str, ...] = ()  # the command's overrides of one value: the same in every combination
 
     @property
     def label(self) -> str:
@@ -29,9 +32,25 @@ class Combination:
 
     @property
     def dir_name(self) -> str:
-        """Filesystem-safe and short; the index alone keeps it unique."""
-        name = f"{self.index}-{_UNSAFE.sub('_', self.label)}" if self.swept else str(self.index)
-        return name[:MAX_DIR_NAME]
+        return run_dir_name(self.swept)
+
+
+def run_dir_name(swept: dict[str, str]) -> str:
+    """A run's folder in its sweep, named by its values, not its position, so that adding values to a sweep
+    leaves every run where it was: the last part of each key where those stay unique (train.lr=0.001 ->
+    lr=0.001), characters a path should not hold as _, and a hash of the whole combination when that changed or
+    cut the name (it then still tells combinations apart)."""
+    if not swept:
+        return "run"
+    tails = [key.rsplit(".", 1)[-1] for key in swept]
+    keys = tails if len(set(tails)) == len(tails) else list(swept)
+    name = ",".join(f"{key}={value}" for key, value in zip(keys, swept.values()))
+    safe = _UNSAFE.sub("_", name)
+    if safe == name and len(name) <= MAX_DIR_NAME:
+        return name
+    label = ",".join(f"{key}={value}" for key, value in swept.items())
+    digest = hashlib.sha1(label.encode("utf-8")).hexdigest()[:_HASH_CHARS]
+    return f"{safe[:MAX_DIR_NAME - _HASH_CHARS - 1]}-{digest}"
 
 
 class GroupOptions:
@@ -70,19 +89,33 @@ def expand(overrides: Sequence[str], config_dirs: Iterable[Path]) -> list[Combin
             swept.discard(key)  # given again with one value: the later one wins, as in Hydra
             choices[key] = [("", override.input_line)]
     combinations = []
+    fixed = tuple(options_[0][1] for key, options_ in choices.items() if key not in swept)
     for index, picks in enumerate(itertools.product(*choices.values())):
         chosen = dict(zip(choices, picks))
         combinations.append(Combination(
-            index=index, overrides=tuple(override for _, override in picks),
+            index=index, overrides=tuple(override for _, override in picks), fixed=fixed,
             swept={key.lstrip("+~"): value for key, (value, _) in chosen.items() if key in swept}))
+    _refuse_repeats(combinations)
     return combinations
+
+
+def _refuse_repeats(combinations: list[Combination]) -> None:
+    """Two values that Hydra reads as one (1e-3 and 0.001) would be one run twice, in one folder."""
+    seen: dict[str, Combination] = {}
+    for combination in combinations:
+        earlier = seen.setdefault(combination.dir_name, combination)
+        if earlier is not combination:
+            key = next(k for k in combination.swept if combination.swept[k] != earlier.swept[k]) \
+                if combination.swept != earlier.swept else next(iter(combination.swept))
+            raise ConfigError(key, f"the sweep gives the combination {combination.label} twice (runs "
+                                   f"{earlier.index} and {combination.index}): list each value once")
 
 
 def _sweep_values(override, options: GroupOptions) -> list[str]:
     key = override.key_or_group
     if key == "run.dir":
         raise ConfigError("run.dir", "in a sweep run.dir is the sweep directory (each run goes to "
-                                     "RUN_DIR/<index>-<overrides>): give it one value")
+                                     "RUN_DIR/<swept values>): give it one value")
     if not override.is_discrete_sweep():
         raise ConfigError(key, f"{override.input_line.partition('=')[2]} is a continuous range, and a sweep runs "
                                "a list of values: use a,b,c, range(start,stop[,step]) or choice(...)")

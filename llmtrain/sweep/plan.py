@@ -1,8 +1,9 @@
 """A sweep before anything starts: every combination composed and validated, its run directory decided.
 
 In a sweep run.dir names the sweep directory (default: the first combination's run.dir + "-sweep", that is
-runs/<run.name>-sweep); each run goes to <sweep dir>/<index>-<swept key=value,...> and gets the sweep
-directory's name in its workers' environment (SWEEP_NAME_VAR, through the config's env mapping)."""
+runs/<run.name>-sweep); each run goes to a folder of it named by its swept values (identity.py: found again when
+the sweep gains values) and gets the sweep directory's name in its workers' environment (SWEEP_NAME_VAR, through
+the config's env mapping). A directory that holds another sweep is refused."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from llmtrain.config.errors import ConfigError
 from llmtrain.data.errors import DataError
 from llmtrain.sweep import SWEEP_NAME_VAR
 from llmtrain.sweep.expand import Combination, expand
+from llmtrain.sweep.identity import earlier_sweep
 
 
 @dataclass
@@ -31,7 +33,7 @@ class SweepRun:
 
     @property
     def name(self) -> str:
-        return self.combination.dir_name
+        return os.path.basename(self.cfg.run.dir)
 
 
 @dataclass
@@ -40,6 +42,7 @@ class SweepPlan:
     overrides: list[str]  # as given on the command line
     config_dirs: list[str]
     runs: list[SweepRun]
+    recorded: list[dict]  # the runs sweep.yaml already lists (an earlier command of this sweep); sweep.yaml keeps them
 
     @property
     def name(self) -> str:
@@ -61,13 +64,14 @@ def plan_sweep(overrides: Sequence[str], config_dirs: Sequence[str] = ()) -> Swe
 
     dirs = [builtin_config_dir(), *(Path(d).expanduser().resolve() for d in config_dirs)]
     combinations = expand(overrides, dirs)
-    runs, sweep_dir = [], None
+    with naming_the_run(combinations[0].dir_name):
+        sweep_dir = _sweep_dir(compose_config(combinations[0].overrides, config_dirs), overrides)
+    earlier = earlier_sweep(sweep_dir, combinations[0], list(config_dirs))
+    runs = []
     for combination in combinations:
         with naming_the_run(combination.dir_name):
             cfg = compose_config(combination.overrides, config_dirs)
-            if sweep_dir is None:
-                sweep_dir = _sweep_dir(cfg, overrides)
-            cfg.run.dir = os.path.join(sweep_dir, combination.dir_name)
+            cfg.run.dir = os.path.join(sweep_dir, earlier.dir_name(combination))
             cfg.env[SWEEP_NAME_VAR] = os.path.basename(sweep_dir)
             if cfg.cluster.name == "slurm":
                 cfg.cluster.follow = False  # every run is submitted at once; following one would hold the rest
@@ -75,7 +79,7 @@ def plan_sweep(overrides: Sequence[str], config_dirs: Sequence[str] = ()) -> Swe
                     cfg.cluster.job_name = f"llmtrain-{os.path.basename(sweep_dir)}-{combination.index}"
             validate(cfg)
         runs.append(SweepRun(combination, cfg))
-    return SweepPlan(sweep_dir, list(overrides), list(config_dirs), runs)
+    return SweepPlan(sweep_dir, list(overrides), list(config_dirs), runs, earlier.runs)
 
 
 @contextlib.contextmanager

@@ -1,16 +1,20 @@
 """SWEEP_DIR/sweep.yaml: the sweep's combinations and where each run went, written atomically before the first
-run starts (a re-run of the same command writes the same file). `llmtrain compare SWEEP_DIR` reads it."""
+run starts. A re-run of the same command writes the same file; one with more values adds their runs after those
+already listed (a run is never dropped from it). `llmtrain compare SWEEP_DIR` reads it."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+from typing import TYPE_CHECKING
 
 from omegaconf import OmegaConf
 
 from llmtrain.config.errors import ConfigError
 from llmtrain.sweep import SWEEP_FILE
-from llmtrain.sweep.plan import SweepPlan
+
+if TYPE_CHECKING:  # plan.py reads sweep.yaml (through identity.py) before it plans
+    from llmtrain.sweep.plan import SweepPlan
 
 
 def sweep_file(sweep_dir: str) -> str:
@@ -25,9 +29,16 @@ def content(plan: SweepPlan) -> dict:
         "swept": plan.swept_keys,
         "backend": plan.backend,
         # dir: relative to the sweep directory, so a moved sweep directory still finds its runs.
-        "runs": [{"index": run.combination.index, "dir": run.name, "params": dict(run.combination.swept),
-                  "overrides": list(run.combination.overrides)} for run in plan.runs],
+        "runs": [{"index": index, **run} for index, run in enumerate(_runs(plan))],
     }
+
+
+def _runs(plan: SweepPlan) -> list[dict]:
+    """The runs listed before, then this command's new ones (index: the position in this list)."""
+    runs = [{k: v for k, v in run.items() if k != "index"} for run in plan.recorded]
+    listed = {str(run.get("dir")) for run in runs}
+    return runs + [{"dir": run.name, "params": dict(run.combination.swept),
+                    "overrides": list(run.combination.overrides)} for run in plan.runs if run.name not in listed]
 
 
 def write(plan: SweepPlan) -> str:

@@ -386,7 +386,9 @@ class Trainer:
         this_launch = time.perf_counter() - self.segment_start
         resumed = f" ({self.step - first_step} since resuming at step {first_step}, in {this_launch:.1f} s)" \
             if first_step else ""
-        self.log(f"llmtrain: done, {self.step} steps, {self.tokens_seen:,} tokens in {self.elapsed_s():.1f} s"
+        ended = "done" if self.step >= t.max_steps else \
+            f"stopped at step {self.step} of {t.max_steps} (train.stop_at_step)"
+        self.log(f"llmtrain: {ended}, {self.step} steps, {self.tokens_seen:,} tokens in {self.elapsed_s():.1f} s"
                  f"{resumed}", flush=True)
 
     def _describe(self) -> None:
