@@ -311,6 +311,9 @@ def cmd_launch(args) -> int:
 
 
 def entry() -> None:
+    from llmtrain.closed_stdout import quiet_when_closed
+
+    quiet_when_closed()  # `llmtrain plan | head -1`: no traceback, and the command's own exit code
     # Until the launcher's handlers are in place (its imports take a moment), SIGTERM / SIGUSR1 are only noted.
     early: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGUSR1):
