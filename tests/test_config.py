@@ -304,3 +304,21 @@ def test_entries_of_free_maps_stay_deletable():
     cfg = compose_config(["network=infiniband", "+env.A=1", "+env.B=2", "~network.env.NCCL_IB_HCA", "~env.A"])
     assert "NCCL_IB_HCA" not in cfg.network.env and cfg.network.env.NCCL_IB_DISABLE == "0"
     assert dict(cfg.env) == {"B": "2"}
+
+
+def test_help_lists_only_usable_options_and_retired_ones_still_answer(capsys):
+    from llmtrain.cli import build_parser
+
+    parser = build_parser()
+    helps = [parser.format_help()] + [parser._subparsers._group_actions[0].choices[c].format_help()
+                                      for c in ("launch", "config", "plan")]
+    for text in helps:
+        assert [ln.strip() for ln in text.splitlines() if ln.strip().startswith("precision ")] == [
+            "precision  bf16, fp16, fp32, fp8"]
+        assert "apex-o" not in text
+    assert main(["config", "precision=fp64"]) == 2
+    assert capsys.readouterr().err == ("llmtrain: error: precision: no config option 'fp64' in group 'precision' "
+                                       "(available: bf16, fp16, fp32, fp8)\n")
+    assert main(["config", "precision=apex-o1"]) == 2
+    assert capsys.readouterr().err.startswith("llmtrain: error: precision: apex-o1 is retired: current NVIDIA apex "
+                                              "has no amp")

@@ -251,7 +251,9 @@ def _hydra_error(e: Exception, overrides: Sequence[str]) -> ConfigError:
             target = missing.split("Could not find", 1)[-1].strip().strip("'")
             group, _, option = target.rpartition("/")
         if group:
-            options = _available_options(lines)
+            from llmtrain.config.validate import RETIRED_OPTIONS
+
+            options = [o for o in _available_options(lines) if o not in RETIRED_OPTIONS.get(group, ())]
             avail = f" (available: {', '.join(options)})" if options else ""
             return ConfigError(group, f"no config option '{option}' in group '{group}'{avail}")
         return ConfigError("config", _first_line(text))
