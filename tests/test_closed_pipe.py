@@ -38,11 +38,18 @@ def test_status_into_a_closed_pipe_is_quiet(tmp_path):
     assert run_into_closed_pipe(["status", str(run_dir), "--json"]) == (0, "")
 
 
-def test_a_reader_that_takes_one_line_then_leaves(tmp_path):
+@pytest.mark.parametrize("command, first_line", [
+    (["plan"], "plan"),
+    (["config"], "model:"),
+    (["status", "RUN"], "run {run_dir} (gpt-tiny)"),
+])
+def test_a_reader_that_takes_one_line_then_leaves(command, first_line, tmp_path):
     """The usual `| head -1`: the first line arrives, the rest is discarded."""
-    proc = subprocess.Popen([sys.executable, "-m", "llmtrain", "status", str(make_run(tmp_path))],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run_dir = make_run(tmp_path)
+    argv = [str(run_dir) if a == "RUN" else a for a in command]
+    proc = subprocess.Popen([sys.executable, "-m", "llmtrain", *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
     first = proc.stdout.readline()
     proc.stdout.close()
-    assert first.split() == ["run", str(tmp_path / "run"), "(gpt-tiny)"]
+    assert " ".join(first.split()) == first_line.format(run_dir=run_dir)
     assert proc.wait(timeout=120) == 0 and proc.stderr.read() == ""
