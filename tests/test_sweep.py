@@ -56,7 +56,8 @@ def test_swept_values_expand_to_their_cartesian_product():
     ("train.seed=shuffle(1,2,3)", "train.seed", "another order each time"),
     ("run.dir=a,b", "run.dir", "give it one value"),
     ("train.lr=glob(*)", "train.lr", "is not one"),
-    ("train.lr=[1,2", "train.lr=[1,2", "no viable alternative"),
+    ("train.lr=[1,2", "train.lr", "cannot read 'train.lr=[1,2': no viable alternative"),
+    ("run.name=it's", "run.name", """quote it: run.name="it's" (in a shell: "run.name=\\"it's\\"")"""),
 ])
 def test_sweeps_llmtrain_cannot_run_are_one_line(override, key, words, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)

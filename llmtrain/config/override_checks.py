@@ -34,7 +34,8 @@ def quoting_error(override: str, parse_message: str) -> ConfigError:
     pass it through a shell."""
     key, eq, value = override.partition("=")
     bare = key.lstrip("+~") or "override"
-    quoted = _quoted(value) if eq else None
+    meant_a_list = value.lstrip().startswith(("[", "{"))  # `[1,2` is a list with a typo, not a string to quote
+    quoted = _quoted(value) if eq and not meant_a_list else None
     if quoted is not None and _parses_to(f"{key}={quoted}", value):
         form = f"{key}={quoted}"
         return ConfigError(bare, f"Hydra's override grammar cannot read the value {value} unquoted; quote it: "
