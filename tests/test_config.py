@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 from omegaconf import OmegaConf
 
@@ -51,9 +53,7 @@ def test_plus_and_tilde_overrides():
     assert cfg.env.NCCL_DEBUG == "INFO" and cfg.network.env.NCCL_IB_DISABLE == "0"
     cfg = compose("~network.env.NCCL_IB_HCA", "network=infiniband")
     assert "NCCL_IB_HCA" not in cfg.network.env
-    # Deleting a whole group-selected section falls back to the schema's defaults.
-    cfg = compose("~train")
-    assert cfg.train.max_steps == 300
+    # A schema key cannot be deleted (the default would come back in its place): see test_deleting_a_schema_key_*.
 
 
 def test_user_config_dir_adds_and_shadows_options(tmp_path):
@@ -97,7 +97,7 @@ BAD_INPUTS = [
     (["model.vocab_size=255", "model.vocab_pad_multiple=5", "parallel.tp=2"],
      "model.vocab_pad_multiple"),                                             # padded vocab not divisible by tp
     (["--config-dir", "/nonexistent/configs"], "--config-dir"),
-    (["train.lr=="], "override"),                                             # unparsable override
+    (["train.lr=="], "train.lr"),                                             # unparsable override
     (["profile.memory=true", "profile.steps=[1,2]"], "profile.memory"),       # two profilers at once
     (["cluster.nproc_per_node=0"], "cluster.nproc_per_node"),                 # not reported as parallel.dp
     (["run.dir=/proc/llmtrain-run"], "run.dir"),                              # a folder that cannot be made
@@ -235,3 +235,90 @@ def test_the_config_stays_typed_from_composition_to_the_worker(tmp_path):
     assert again.checkpoint.async_save is True and again == cfg
     with pytest.raises(ValidationError):
         again.parallel.tp = "two"
+
+
+# ---- overrides that need quoting, unknown keys, deletions ------------------------------------------------------
+
+@pytest.mark.parametrize("override, value, hint", [
+    ("run.dir=/a/it's", "/a/it's", """run.dir="/a/it's" (in a shell: "run.dir=\\"/a/it's\\"")"""),
+    ("run.dir=/runs/a b (c)", "/runs/a b (c)", """run.dir="/runs/a b (c)" (in a shell: 'run.dir="/runs/a b (c)"')"""),
+])
+def test_a_value_that_needs_quoting_names_the_key_and_a_form_that_works(override, value, hint, capsys):
+    assert main(["config", override]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"llmtrain: error: run.dir: Hydra's override grammar cannot read the value {value} unquoted; "
+                   f"quote it: {hint}\n")
+    # The shell form, given to a real shell, reaches Hydra as the quoted form, which composes to the value.
+    shell_form = err.rsplit("(in a shell: ", 1)[1][:-2]
+    argv = subprocess.run(["bash", "-c", f"printf '%s\\0' {shell_form}"], capture_output=True, text=True,
+                          check=True).stdout.split("\0")[:-1]
+    assert argv == [hint.split(" (in a shell")[0]]
+    assert compose_config(argv).run.dir == value
+
+
+def test_an_unknown_key_in_a_config_dir_file_names_the_file_and_the_close_key(tmp_path, capsys):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "mine.yaml").write_text("name: mine\nn_layer: 3\nn_heads: 2\nd_model: 32\n")
+    assert main(["config", "--config-dir", str(tmp_path), "model=mine"]) == 2
+    assert capsys.readouterr().err == (f"llmtrain: error: model.n_layer: unknown key in {tmp_path}/model/mine.yaml "
+                                       "(not in the schema; did you mean model.n_layers?)\n")
+    # A file that puts its keys at the top (# @package _global_) is found too.
+    (tmp_path / "model" / "top.yaml").write_text("# @package _global_\nmodel:\n  name: top\ntrain:\n  max_step: 3\n")
+    assert main(["config", "--config-dir", str(tmp_path), "model=top"]) == 2
+    assert capsys.readouterr().err == (f"llmtrain: error: train.max_step: unknown key in {tmp_path}/model/top.yaml "
+                                       "(not in the schema; did you mean train.max_steps?)\n")
+
+
+@pytest.mark.parametrize("override, line", [
+    ("model.n_layer=3", "model.n_layer: unknown key (not in the schema; did you mean model.n_layers?)"),
+    ("+train.warmup_step=3", "train.warmup_step: unknown key (not in the schema; did you mean train.warmup_steps?)"),
+    ("trian.lr=3", "trian: unknown key (not in the schema; did you mean train?)"),
+    ("+foo.bar=3", "foo: unknown key (not in the schema; check its spelling)"),
+])
+def test_an_unknown_key_in_an_override_gets_the_close_key(override, line, capsys):
+    assert main(["config", override]) == 2
+    assert capsys.readouterr().err == f"llmtrain: error: {line}\n"
+
+
+@pytest.mark.parametrize("override, line", [
+    ("~model.n_layers", "model.n_layers: the schema defines this key, so ~model.n_layers would bring back its "
+                        "default, not delete it; set it instead: model.n_layers=VALUE"),
+    ("~checkpoint.async=true", "checkpoint.async: the schema defines this key, so ~checkpoint.async would bring "
+                               "back its default, not delete it; set it instead: checkpoint.async=VALUE"),
+    ("~checkpoint", "checkpoint: the schema defines this key, so ~checkpoint would bring back its default, not "
+                    "delete it; set its keys instead: checkpoint.KEY=VALUE"),
+    ("~network.env", "network.env: the schema defines this key, so ~network.env would bring back its default, not "
+                     "delete it; add or delete its entries instead: +network.env.NAME=VALUE, ~network.env.NAME"),
+    ("~model", "model: a config group cannot be deleted (~model would leave the schema's defaults in its place); "
+               "choose an option instead: model=OPTION (llmtrain --help lists them)"),
+    ("~train", "train: a config group cannot be deleted (~train would leave the schema's defaults in its place); "
+               "choose an option instead: train=OPTION (llmtrain --help lists them)"),
+])
+def test_deleting_a_schema_key_is_refused_saying_how_to_set_it(override, line, capsys):
+    assert main(["config", "model=gpt-125m", override]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == f"llmtrain: error: {line}\n" and captured.out == ""
+
+
+def test_entries_of_free_maps_stay_deletable():
+    cfg = compose_config(["network=infiniband", "+env.A=1", "+env.B=2", "~network.env.NCCL_IB_HCA", "~env.A"])
+    assert "NCCL_IB_HCA" not in cfg.network.env and cfg.network.env.NCCL_IB_DISABLE == "0"
+    assert dict(cfg.env) == {"B": "2"}
+
+
+def test_help_lists_only_usable_options_and_retired_ones_still_answer(capsys):
+    from llmtrain.cli import build_parser
+
+    parser = build_parser()
+    helps = [parser.format_help()] + [parser._subparsers._group_actions[0].choices[c].format_help()
+                                      for c in ("launch", "config", "plan")]
+    for text in helps:
+        assert [ln.strip() for ln in text.splitlines() if ln.strip().startswith("precision ")] == [
+            "precision  bf16, fp16, fp32, fp8"]
+        assert "apex-o" not in text
+    assert main(["config", "precision=fp64"]) == 2
+    assert capsys.readouterr().err == ("llmtrain: error: precision: no config option 'fp64' in group 'precision' "
+                                       "(available: bf16, fp16, fp32, fp8)\n")
+    assert main(["config", "precision=apex-o1"]) == 2
+    assert capsys.readouterr().err.startswith("llmtrain: error: precision: apex-o1 is retired: current NVIDIA apex "
+                                              "has no amp")

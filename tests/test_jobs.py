@@ -323,6 +323,15 @@ def test_status_follow_and_cancel_of_a_local_launch(tmp_path):
         assert "llmtrain: stopped following; the job keeps running" in follow_out.read_text()
         assert launcher.poll() is None
 
+        # A reader that has gone (`llmtrain follow RUN | head -1`, head done) detaches it too, quietly.
+        read_end, write_end = os.pipe()
+        follower = subprocess.Popen([sys.executable, "-m", "llmtrain", "follow", str(run_dir)], stdout=write_end,
+                                    stderr=subprocess.PIPE, text=True)
+        os.close(write_end)
+        os.close(read_end)
+        assert follower.wait(timeout=60) == 0 and follower.stderr.read() == ""
+        assert launcher.poll() is None
+
         # cancel: the job checkpoints and ends; the launcher exits 143.
         result = run_cli(["cancel", str(run_dir)], timeout=150)
         assert result.returncode == 0, result.stdout + result.stderr

@@ -65,3 +65,16 @@ def test_readme_validation_examples():
         assert result.returncode == 2
         expected = message.split("...")[0]
         assert result.stderr.strip().startswith(expected), (command, result.stderr)
+
+
+def test_readme_start_line_is_the_one_launch_prints():
+    """The first line of README's captured `llmtrain launch` is what the launcher prints for the default config."""
+    from llmtrain.config import compose_config
+    from llmtrain.launch.run import start_line
+    from llmtrain.parallel.layout import ParallelDims
+
+    captured = README.split("What `llmtrain launch` shows", 1)[1].split("```\n", 2)[1]
+    first = captured.splitlines()[0]
+    run_dir, host = re.fullmatch(r"llmtrain: run directory (\S+); .* node\(s\) \((\S+)\), backend local", first).groups()
+    cfg = compose_config([])
+    assert first == start_line(run_dir, ParallelDims.from_config(cfg), cfg.cluster.nnodes, [host], "local")

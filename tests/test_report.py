@@ -171,6 +171,22 @@ def test_report_tensorboard_without_the_package_is_one_line_exit_2(tmp_path, cap
     assert captured.out == "" and not (run_dir / "report").exists()
 
 
+def test_report_without_matplotlib_prints_the_table_and_how_to_get_the_plots(tmp_path, capsys, monkeypatch):
+    from llmtrain.cli import main
+
+    run_dir, rows = _fake_run(tmp_path)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    assert main(["report", str(run_dir), "--tensorboard"]) == 0
+    captured = capsys.readouterr()
+    assert "50 / 50" in captured.out and f"{rows[-1]['val_loss']:.4f}" in captured.out
+    lines = captured.out.splitlines()
+    assert lines[-2] == ("plots: none, matplotlib is not installed; for PNG plots: pip install 'llmtrain[plot]' "
+                         "(in a checkout: pip install -e '.[plot]')")
+    assert lines[-1].startswith("tensorboard: 52 train/val rows in ")  # the other output is still made
+    assert captured.err == ""
+    assert [p.name for p in (run_dir / "report").iterdir()] == ["tensorboard"]
+
+
 def test_report_out_dir_and_no_config(tmp_path, capsys):
     run_dir, _ = _fake_run(tmp_path)
     (run_dir / "config.yaml").unlink()

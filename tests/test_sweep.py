@@ -58,7 +58,8 @@ def test_swept_values_expand_to_their_cartesian_product():
     ("train.seed=shuffle(1,2,3)", "train.seed", "another order each time"),
     ("run.dir=a,b", "run.dir", "give it one value"),
     ("train.lr=glob(*)", "train.lr", "is not one"),
-    ("train.lr=[1,2", "train.lr=[1,2", "no viable alternative"),
+    ("train.lr=[1,2", "train.lr", "cannot read 'train.lr=[1,2': no viable alternative"),
+    ("run.name=it's", "run.name", """quote it: run.name="it's" (in a shell: "run.name=\\"it's\\"")"""),
 ])
 def test_sweeps_llmtrain_cannot_run_are_one_line(override, key, words, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -365,13 +366,25 @@ def test_compare_runs_shows_differing_keys_sorted_and_batch_differences(tmp_path
     assert plot.read_bytes()[:8] == PNG_MAGIC
 
 
-def test_compare_without_matplotlib_names_the_extra(tmp_path, capsys, monkeypatch):
-    fake_run(tmp_path / "a", [], [5.0, 4.0], 3.9, 1024)
+def test_compare_without_matplotlib_prints_the_table_and_how_to_get_the_plot(tmp_path, capsys, monkeypatch):
+    fake_run(tmp_path / "a", ["train.lr=0.001"], [5.0, 4.0], 3.9, 1024)
+    fake_run(tmp_path / "b", ["train.lr=0.002"], [5.0, 3.5], 3.4, 1024)
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
-    assert main(["compare", str(tmp_path / "a")]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "pip install 'llmtrain[plot]'" in err, err
-    assert not (tmp_path / "a" / "compare.png").exists()
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
+    captured = capsys.readouterr()
+    assert table_rows(captured.out)[:2] == [["b", "0.002", "3.5000", "3.4000", "2,000", "2.0%", "2/300"],
+                                            ["a", "0.001", "4.0000", "3.9000", "2,000", "2.0%", "2/300"]]
+    assert captured.out.splitlines()[-1] == ("plots: none, matplotlib is not installed; for PNG plots: pip install "
+                                             "'llmtrain[plot]' (in a checkout: pip install -e '.[plot]')")
+    assert captured.err == "" and not (tmp_path / "a" / "compare.png").exists()
+    # A PNG asked for by name cannot be made: one line, exit 2, nothing printed or written.
+    plot = tmp_path / "all.png"
+    assert main(["compare", str(tmp_path / "a"), "--plot", str(plot)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == (f"llmtrain: error: --plot: {plot} needs matplotlib, which is not installed: pip install "
+                            "'llmtrain[plot]' (in a checkout: pip install -e '.[plot]'); without --plot, compare "
+                            "prints the table alone\n")
+    assert captured.out == "" and not plot.exists()
 
 
 def test_compare_refuses_a_folder_that_is_neither_a_run_nor_a_sweep(tmp_path, capsys):

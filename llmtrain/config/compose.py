@@ -12,6 +12,8 @@ from omegaconf.errors import OmegaConfBaseException
 
 from llmtrain.config.derived import world_size
 from llmtrain.config.errors import ConfigError
+from llmtrain.config.key_origin import unknown_key_error
+from llmtrain.config.override_checks import check_deletions, quoting_error
 from llmtrain.config.schema import LLMTrainConfig
 
 PRIMARY_CONFIG = "config"
@@ -38,7 +40,9 @@ def compose_config(overrides: Sequence[str] = (), config_dirs: Iterable[str] = (
         if not path.is_dir():
             raise ConfigError("--config-dir", f"no such directory: {d}")
         dirs.append(path)
-    check_override_habits(overrides, config_groups([builtin_config_dir(), *dirs]))
+    groups = config_groups([builtin_config_dir(), *dirs])
+    check_override_habits(overrides, groups)
+    check_deletions(overrides, groups)
     hydra_overrides = list(overrides)
 
     GlobalHydra.instance().clear()
@@ -55,12 +59,24 @@ def compose_config(overrides: Sequence[str] = (), config_dirs: Iterable[str] = (
                     search_path.prepend("llmtrain-user", f"file://{d}")
                 if dirs:
                     loader.repository.initialize_sources(search_path)
-                raw = compose(PRIMARY_CONFIG, overrides=hydra_overrides)
+                raw = compose(PRIMARY_CONFIG, overrides=hydra_overrides, return_hydra_config=True)
     except Exception as e:  # Hydra raises several types; all become one line naming the override
-        raise _hydra_error(e, overrides) from None
+        raise _explained(_hydra_error(e, overrides), overrides, {}, dirs) from None
     finally:
         GlobalHydra.instance().clear()
-    return to_typed(raw)
+    choices = OmegaConf.to_container(raw.hydra.runtime.choices)  # the option each group was given
+    raw = OmegaConf.masked_copy(raw, [k for k in raw if k != "hydra"])
+    try:
+        return to_typed(raw)
+    except ConfigError as e:
+        raise _explained(e, overrides, choices, dirs) from None
+
+
+def _explained(e: ConfigError, overrides: Sequence[str], choices: dict, dirs: list[Path]) -> ConfigError:
+    """An unknown key names the file that holds it, if not an override, and the schema key it likely meant."""
+    if e.message.startswith("unknown key (not in the"):
+        return unknown_key_error(e.key, overrides, choices, [*dirs, builtin_config_dir()], PRIMARY_CONFIG)
+    return e
 
 
 SCHEMA_NODE = "llmtrain_schema"
@@ -235,12 +251,14 @@ def _hydra_error(e: Exception, overrides: Sequence[str]) -> ConfigError:
             target = missing.split("Could not find", 1)[-1].strip().strip("'")
             group, _, option = target.rpartition("/")
         if group:
-            options = _available_options(lines)
+            from llmtrain.config.validate import RETIRED_OPTIONS
+
+            options = [o for o in _available_options(lines) if o not in RETIRED_OPTIONS.get(group, ())]
             avail = f" (available: {', '.join(options)})" if options else ""
             return ConfigError(group, f"no config option '{option}' in group '{group}'{avail}")
         return ConfigError("config", _first_line(text))
     if isinstance(e, OverrideParseException):
-        return ConfigError("override", _first_line(text))
+        return quoting_error(e.override, _first_line(text))
     cause = e.__cause__ or e.__context__
     if isinstance(cause, OmegaConfBaseException):
         return _omegaconf_error(cause)

@@ -13,6 +13,7 @@ from llmtrain.config.schema import SINGLE_STAGE_SCHEDULES, V_SHAPED_SCHEDULES, L
 
 # apex amp's opt levels: their configs stay so that asking for them gets this answer instead of "no such option".
 RETIRED_PRECISIONS = ("apex-o1", "apex-o2")
+RETIRED_OPTIONS = {"precision": RETIRED_PRECISIONS}  # kept out of the options llmtrain lists
 APEX_AMP_GONE = ("current NVIDIA apex has no amp (apex.amp was removed); precision=fp16 is the O1 recipe "
                  "(autocast + dynamic loss scaling starting at 2^16) and precision=bf16 the modern default "
                  "(no loss scaling needed)")

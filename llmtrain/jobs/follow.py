@@ -1,13 +1,15 @@
 """`llmtrain follow RUN_DIR`: the launcher's live view of a job, attached from any terminal of the head node.
 
 Rank 0's log and the progress line come from the run directory (launch's Monitor), until the job ends: its lock
-is released, its holder is gone, or its Slurm job reached a final state. Ctrl-C only detaches.
+is released, its holder is gone, or its Slurm job reached a final state. Ctrl-C only detaches, and so does a
+closed pipe (`llmtrain follow RUN | head`).
 """
 
 from __future__ import annotations
 
 import time
 
+from llmtrain.closed_stdout import ReaderGone, stdout_reader_gone
 from llmtrain.console import get_console
 from llmtrain.jobs import rundir
 from llmtrain.jobs.state import FAILED, FINISHED, INTERRUPTED, PREEMPTED, STOPPED, UNKNOWN, JobState, job_state
@@ -65,9 +67,15 @@ def run_follow(args) -> int:
     monitor = Monitor(run_dir, cfg.train.max_steps, console, nnodes=cfg.cluster.nnodes,
                       max_restarts=cfg.launch.max_restarts, nproc_per_node=cfg.cluster.nproc_per_node)
     watch = JobWatch(run_dir, console, job)
+
+    def poll() -> int | None:
+        if stdout_reader_gone():  # `llmtrain follow RUN | head`: nobody reads any more, so stop as on Ctrl-C
+            raise ReaderGone
+        return watch.poll()
+
     try:
-        monitor.follow(watch.poll)
-    except KeyboardInterrupt:
+        monitor.follow(poll)
+    except (KeyboardInterrupt, ReaderGone):
         console.print("llmtrain: stopped following; the job keeps running", markup=False, highlight=False)
         return 0
     console.print(summary(run_dir, cfg, watch.job), markup=False, highlight=False)

@@ -182,14 +182,18 @@ def _run(cfg: DictConfig, backend, console) -> int:
         record.ended(code, getattr(backend, "job_id", None))
 
 
+def start_line(run_dir: str, dims: ParallelDims, nnodes: int, hosts: list[str], backend_name: str) -> str:
+    """The launch's first line (README quotes it)."""
+    on = f" ({', '.join(hosts)})" if hosts else ""
+    return (f"llmtrain: run directory {run_dir}; {dims.world_size} ranks (dp={dims.dp} tp={dims.tp} pp={dims.pp}) "
+            f"on {nnodes} node(s){on}, backend {backend_name}")
+
+
 def _start_and_follow(cfg: DictConfig, backend, console) -> int:
     run_dir = cfg.run.dir
     dims = ParallelDims.from_config(cfg)
-    hosts = backend.host_names()
-    on = f" ({', '.join(hosts)})" if hosts else ""
-    console.print(f"llmtrain: run directory {run_dir}; {dims.world_size} ranks "
-                  f"(dp={dims.dp} tp={dims.tp} pp={dims.pp}) on {cfg.cluster.nnodes} node(s){on}, backend "
-                  f"{backend.name}", markup=False, highlight=False, soft_wrap=True)
+    console.print(start_line(run_dir, dims, cfg.cluster.nnodes, backend.host_names(), backend.name), markup=False,
+                  highlight=False, soft_wrap=True)
     monitor = Monitor(run_dir, cfg.train.max_steps, console, nnodes=cfg.cluster.nnodes,
                       max_restarts=cfg.launch.max_restarts, rendezvous_timeout_s=cfg.launch.rendezvous_timeout_s,
                       nproc_per_node=cfg.cluster.nproc_per_node, combined_log=backend.owns_processes)

@@ -14,6 +14,7 @@ from functools import cached_property
 
 from llmtrain.config.errors import ConfigError
 from llmtrain.console import fold_table, get_console
+from llmtrain.report.plotting import NO_PLOTS, PLOT_EXTRA, pyplot
 from llmtrain.report.run_report import fmt_loss, fmt_mfu, fmt_tokens_per_s
 from llmtrain.train.metrics import read_metrics
 
@@ -26,8 +27,8 @@ def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("dirs", nargs="+", metavar="DIR",
                         help="run directories, or a sweep directory (it holds sweep.yaml: its runs)")
     parser.add_argument("--plot", "--png", dest="plot", default=None, metavar="FILE",
-                        help=f"the PNG of every loss curve (default: the first DIR's {PLOT_NAME}); needs matplotlib "
-                             "(pip install 'llmtrain[plot]')")
+                        help=f"the PNG of every loss curve (default: the first DIR's {PLOT_NAME}, when matplotlib is "
+                             f"installed); needs matplotlib: {PLOT_EXTRA}")
     parser.add_argument("--rows", type=int, default=20,
                         help="two runs: rows of their step-by-step loss table (evenly spaced steps; default 20)")
 
@@ -223,22 +224,9 @@ def print_pair(console, a: Run, b: Run, rows: int) -> None:
 
 # ---------------------------------------------------------------------------------------------------- plot
 
-def _pyplot():
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise ConfigError("--plot", "the plot needs matplotlib: pip install 'llmtrain[plot]' (or pip install "
-                                    "matplotlib)") from None
-    return plt
-
-
-def plot(runs: list[Run], path: str) -> None:
+def plot(plt, runs: list[Run], path: str) -> None:
     """Every run's train loss (a line) and val loss (dots of the same colour); with two runs, their difference
     below. Written atomically."""
-    plt = _pyplot()
     pair = len(runs) == 2
     if pair:
         fig, (ax, below) = plt.subplots(2, 1, figsize=(9, 6.5), sharex=True, height_ratios=(3, 1))
@@ -276,6 +264,10 @@ def plot(runs: list[Run], path: str) -> None:
 # ---------------------------------------------------------------------------------------------------- command
 
 def run_compare(args) -> int:
+    plt = pyplot()
+    if plt is None and args.plot:  # a PNG asked for by name: refuse before printing anything
+        raise ConfigError("--plot", f"{args.plot} needs matplotlib, which is not installed: {PLOT_EXTRA}; without "
+                                    "--plot, compare prints the table alone")
     runs, swept = load_runs(args.dirs)
     keys = swept if swept is not None else differing_keys(runs)
     console = get_console()
@@ -286,7 +278,10 @@ def run_compare(args) -> int:
         console.print(note, markup=False, highlight=False, soft_wrap=True)
     if len(runs) == 2:
         print_pair(console, runs[0], runs[1], args.rows)
+    if plt is None:
+        console.print(NO_PLOTS, markup=False, highlight=False)
+        return 0
     path = args.plot or os.path.join(args.dirs[0], PLOT_NAME)
-    plot([run for run in runs if run.rows], path)
+    plot(plt, [run for run in runs if run.rows], path)
     console.print(f"plot: {path}", markup=False, highlight=False)
     return 0

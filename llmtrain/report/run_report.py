@@ -9,13 +9,15 @@ import statistics
 
 from llmtrain.config.errors import ConfigError
 from llmtrain.console import fold_table, get_console
+from llmtrain.report.plotting import NO_PLOTS, PLOT_EXTRA, pyplot
 from llmtrain.train.metrics import read_metrics
 
 
 def add_report_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", metavar="RUN_DIR", help="run directory (holds metrics.jsonl and config.yaml)")
     parser.add_argument("--out", default=None, metavar="DIR",
-                        help="where the PNGs go (default RUN_DIR/report); needs matplotlib (pip install matplotlib)")
+                        help=f"where the PNGs go (default RUN_DIR/report); they need matplotlib ({PLOT_EXTRA}): "
+                             "without it the summary table alone is printed")
     parser.add_argument("--tensorboard", action="store_true",
                         help="also export metrics.jsonl as TensorBoard event files to OUT/tensorboard; needs the "
                              "tensorboard extra (pip install 'llmtrain[tensorboard]')")
@@ -128,19 +130,7 @@ def summarize(run_dir: str, rows: list[dict], cfg=None) -> list[tuple[str, str]]
 
 # ---------------------------------------------------------------------------------------------------- plots
 
-def _pyplot():
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise ConfigError("report", "needs matplotlib: pip install matplotlib (or llmtrain[plot])") from None
-    return plt
-
-
-def _save(fig, path: str) -> None:
-    plt = _pyplot()
+def _save(plt, fig, path: str) -> None:
     fig.tight_layout()
     tmp = f"{path}.tmp.{os.getpid()}.png"
     try:
@@ -154,8 +144,7 @@ def _no_data(ax, what: str) -> None:
     ax.text(0.5, 0.5, f"no {what} logged", ha="center", va="center", transform=ax.transAxes, color="gray")
 
 
-def plot_all(rows: list[dict], out_dir: str, title: str) -> list[str]:
-    plt = _pyplot()
+def plot_all(plt, rows: list[dict], out_dir: str, title: str) -> list[str]:
     train = [r for r in rows if _num(r, "loss") is not None]
     paths = []
 
@@ -173,7 +162,7 @@ def plot_all(rows: list[dict], out_dir: str, title: str) -> list[str]:
     ax.set(xlabel="step", ylabel="loss", title=f"{title}: loss")
     ax.grid(alpha=0.3)
     paths.append(os.path.join(out_dir, "loss.png"))
-    _save(fig, paths[-1])
+    _save(plt, fig, paths[-1])
 
     fig, ax = plt.subplots(figsize=(8, 3.5))
     steps, lr = _series(train, "lr")
@@ -185,7 +174,7 @@ def plot_all(rows: list[dict], out_dir: str, title: str) -> list[str]:
     ax.set(xlabel="step", ylabel="learning rate", title=f"{title}: learning rate")
     ax.grid(alpha=0.3)
     paths.append(os.path.join(out_dir, "lr.png"))
-    _save(fig, paths[-1])
+    _save(plt, fig, paths[-1])
 
     fig, ax = plt.subplots(figsize=(8, 4))
     steps, tps = _series(train, "tokens_per_s")
@@ -203,7 +192,7 @@ def plot_all(rows: list[dict], out_dir: str, title: str) -> list[str]:
         lines = ax.get_lines() + ax2.get_lines()
         ax.legend(lines, [line.get_label() for line in lines], loc="lower right")
     paths.append(os.path.join(out_dir, "throughput.png"))
-    _save(fig, paths[-1])
+    _save(plt, fig, paths[-1])
     return paths
 
 
@@ -252,15 +241,17 @@ def run_report(args) -> int:
 
     summary = summarize(run_dir, rows, cfg)
     title = summary[0][1]
-    _pyplot()  # fail on a missing matplotlib (or tensorboard) before printing anything
+    plt = pyplot()
     if getattr(args, "tensorboard", False):
         from llmtrain.report.tensorboard import tensorboard_missing
 
         missing = tensorboard_missing()
         if missing:
             raise ConfigError("--tensorboard", missing)
-    os.makedirs(out_dir, exist_ok=True)
-    paths = plot_all(rows, out_dir, title)
+    paths = []
+    if plt is not None:
+        os.makedirs(out_dir, exist_ok=True)
+        paths = plot_all(plt, rows, out_dir, title)
 
     console = get_console()
     table = fold_table(f"run report: {run_dir}", show_header=False)
@@ -271,7 +262,7 @@ def run_report(args) -> int:
     console.print(table)
     if not rows:
         console.print("metrics.jsonl has no rows yet", highlight=False)
-    console.print("plots: " + ", ".join(paths), highlight=False)
+    console.print("plots: " + ", ".join(paths) if plt is not None else NO_PLOTS, markup=False, highlight=False)
     if getattr(args, "tensorboard", False):
         tb_dir = os.path.join(out_dir, "tensorboard")
         path, n = export_tensorboard(rows, tb_dir, metrics_path)

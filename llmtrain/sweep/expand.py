@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from llmtrain.config.errors import ConfigError
+from llmtrain.config.override_checks import quoting_error
 
 MAX_DIR_NAME = 96  # characters of a run directory's name: its swept values, cut (and hashed) to stay short
 _UNSAFE = re.compile(r"[^A-Za-z0-9._,=+@-]+")
@@ -71,11 +72,13 @@ class GroupOptions:
 def expand(overrides: Sequence[str], config_dirs: Iterable[Path]) -> list[Combination]:
     """Every combination of the swept values; ConfigError naming the key for a sweep llmtrain cannot run."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
+    from hydra.errors import HydraException, OverrideParseException
 
     options = GroupOptions(config_dirs)
     try:
         parsed = OverridesParser.create(config_loader=options).parse_overrides(list(overrides))
+    except OverrideParseException as e:
+        raise quoting_error(e.override, str(e).strip().splitlines()[0]) from None
     except HydraException as e:
         raise ConfigError(getattr(e, "override", None) or "override", str(e).strip().splitlines()[0]) from None
     choices: dict[str, list[tuple[str, str]]] = {}  # key as written -> [(value, override)], in the given order
