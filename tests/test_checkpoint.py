@@ -264,6 +264,11 @@ def test_export_hf_matches_and_init_from_continues(uninterrupted, tmp_path):
     first = [r for r in rows if "loss" in r][0]["loss"]
     assert abs(first - expected) <= 1e-5, (first, expected)
     assert first < uninterrupted["dp2"][1] - 0.3  # trained weights, not a fresh init
+    # Rank 0 says what it loaded: every tensor, the parameters without the vocabulary's padding rows.
+    count = sum(t[: cfg.model.vocab_size].numel() for t in state.values())
+    log = (run_dir / "logs" / "rank0.log").read_text()
+    assert f"llmtrain: model.init_from: loaded {len(state)} tensors ({count:,} parameters) from {out} (HF GPT-2)\n" \
+        in log
 
 
 def test_kill_during_a_save_keeps_the_previous_checkpoint(tmp_path):

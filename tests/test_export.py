@@ -16,8 +16,9 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from llmtrain.checkpoint.export import (export_checkpoint, load_model_state, load_pretrained, read_safetensors,
-                                        read_safetensors_metadata, write_safetensors)
+from llmtrain.checkpoint.export import export_checkpoint, load_model_state
+from llmtrain.checkpoint.pretrained import load_pretrained
+from llmtrain.checkpoint.safetensors_io import read_safetensors, read_safetensors_metadata, write_safetensors
 from llmtrain.checkpoint.export_cli import add_export_arguments, run_export
 from llmtrain.config import ConfigError, compose_config, to_yaml
 from llmtrain.model.gpt import GPT, GPTArgs
@@ -247,7 +248,8 @@ def test_load_pretrained_shape_mismatch_names_the_tensor(ckpt256, tmp_path):
     with pytest.raises(ConfigError) as e:
         load_pretrained(out, wider)
     assert e.value.key == "model.init_from"
-    assert "shape mismatch for embed.tok.weight: checkpoint (256, 32) vs config (256, 64)" in e.value.message
+    assert e.value.message == (f"embed.tok.weight is [256, 32] in {out / 'model.safetensors'} but the config "
+                               f"builds [256, 64] (model.d_model)")
     deeper = compose_config([*SMALL, "model.vocab_size=256", "model.n_layers=3"]).model
     with pytest.raises(ConfigError, match="missing tensor layers.2.ln_1.weight"):
         load_pretrained(out, deeper)

@@ -55,6 +55,7 @@ def dry_run(cfg: DictConfig) -> int:
     run_dir = os.path.abspath(cfg.run.dir)
     cfg.run.dir = run_dir
     backend = get_backend(cfg, run_dir)
+    check_init_from(cfg)
     console.rule("resolved config")
     console.print(to_yaml(cfg), markup=False, highlight=False)
     console.print(layout_table(cfg))
@@ -81,6 +82,15 @@ def prepare_run_dir(cfg: DictConfig) -> str:
             os.remove(tmp)
         raise
     return run_dir
+
+
+def check_init_from(cfg: DictConfig) -> None:
+    """model.init_from's tensors against the model the config builds, from the files' headers (no tensor data):
+    a wrong folder is one line naming the tensor, the file and both shapes, before any worker starts."""
+    if cfg.model.init_from:
+        from llmtrain.checkpoint.pretrained import inspect_pretrained
+
+        inspect_pretrained(cfg.model.init_from, cfg.model)
 
 
 def prepare_data(cfg: DictConfig) -> None:
@@ -128,6 +138,7 @@ def launch(cfg: DictConfig) -> int:
     run_dir = cfg.run.dir = os.path.abspath(cfg.run.dir)
     backend = get_backend(cfg, run_dir)
     backend.check_ready()  # missing tools or devices: refused before anything is written
+    check_init_from(cfg)
     existed = os.path.isdir(run_dir)
     lock = RunDirLock(run_dir)
     try:

@@ -44,6 +44,7 @@ class ParallelModel:
         self.tied_group = tied_group
         self.pipeline_loss_scale = 1.0
         self.float8 = float8  # precision=fp8's float8 layers
+        self.init_from_note: str | None = None  # what model.init_from loaded, for rank 0's log
         self.has_first_stage = num_stages == 1 or 0 in self.stage_ids
         self.has_last_stage = num_stages == 1 or (num_stages - 1) in self.stage_ids
         # Captured once, now, while FSDP2 has its sharded parameters registered: after a no-grad forward
@@ -128,11 +129,12 @@ def build_parallel_model(cfg: DictConfig, dims: ParallelDims, mesh: Meshes, devi
     param_dtype = torch_dtype(cfg.precision.compute_dtype)
     param_dtype = None if param_dtype == torch.float32 else param_dtype
     reduce_dtype = torch_dtype(cfg.precision.reduce_dtype)
-    pretrained = None
+    pretrained, pretrained_note = None, None
     if cfg.model.init_from:
-        from llmtrain.checkpoint.export import load_pretrained
+        from llmtrain.checkpoint.pretrained import inspect_pretrained
 
-        pretrained = load_pretrained(cfg.model.init_from, cfg.model)
+        source = inspect_pretrained(cfg.model.init_from, cfg.model)
+        pretrained, pretrained_note = source.load(cfg.model), source.describe()
 
     float8 = Float8Training.from_config(cfg, dims)
     float8_styles = float8 is not None and float8.tensor_parallel_styles
@@ -157,7 +159,9 @@ def build_parallel_model(cfg: DictConfig, dims: ParallelDims, mesh: Meshes, devi
         return part
 
     if dims.pp == 1:
-        return ParallelModel([finish(whole)], dims, float8=float8)
+        model = ParallelModel([finish(whole)], dims, float8=float8)
+        model.init_from_note = pretrained_note
+        return model
 
     num_stages = dims.pp * pp.virtual_stages
     counts = pp_lib.layers_per_stage(cfg.model.n_layers, num_stages, pp.pp_layers)
@@ -167,6 +171,7 @@ def build_parallel_model(cfg: DictConfig, dims: ParallelDims, mesh: Meshes, devi
     parts = [finish(pp_lib.make_stage_module(whole, s, counts)) for s in ids]
     stages = [PipelineStage(part, s, num_stages, device, group=pp_group) for part, s in zip(parts, ids)]
     model = ParallelModel(parts, dims, None, ids, num_stages, _tied_group(mesh, dims, pp), float8)
+    model.init_from_note = pretrained_note
 
     def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
