@@ -20,8 +20,8 @@ from omegaconf import DictConfig
 
 from llmtrain.checkpoint import hf_gpt2
 # read_safetensors and read_safetensors_metadata: also imported from here by callers of the export.
-from llmtrain.checkpoint.safetensors_io import (process_umask, read_safetensors, read_safetensors_metadata,  # noqa: F401
-                                                write_safetensors)
+from llmtrain.checkpoint.safetensors_io import (process_umask, read_safetensors,  # noqa: F401
+                                                read_safetensors_metadata, write_safetensors)
 from llmtrain.checkpoint.weight_map import EMBED, HEAD, clean_name, model_shapes
 from llmtrain.config import ConfigError, load_run_config, to_yaml
 from llmtrain.config.derived import padded_vocab_size
