@@ -6,6 +6,7 @@ linear weight is transposed, and Hugging Face's vocabulary is the real one (no p
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import torch
 
 from llmtrain.checkpoint.weight_map import EMBED, POS, Piece
 from llmtrain.config import ConfigError
+from llmtrain.config.derived import ffn_dim
 
 ARCHITECTURE = "GPT2LMHeadModel"
 # Activations of HF GPT-2 that are the tanh approximation llmtrain's GPT uses.
@@ -94,9 +96,9 @@ def hf_config(model_cfg) -> dict:
         "n_embd": d,
         "n_layer": model_cfg.n_layers,
         "n_head": model_cfg.n_heads,
-        "n_inner": 4 * d,
+        "n_inner": ffn_dim(model_cfg),
         "activation_function": "gelu_new",
-        "layer_norm_epsilon": 1e-5,
+        "layer_norm_epsilon": model_cfg.norm_eps,
         "resid_pdrop": 0.0,
         "embd_pdrop": 0.0,
         "attn_pdrop": 0.0,
@@ -112,7 +114,8 @@ def hf_config(model_cfg) -> dict:
 
 
 def check_hf_config(conf: dict, path: Path, model_cfg) -> None:
-    """What the tensors' shapes cannot tell: the depth and head count, the activation, the attention scaling."""
+    """What the tensors' shapes cannot tell: the depth and head count, the activation, the attention scaling, the
+    LayerNorm epsilon."""
     for hf_key, ours in (("n_layer", "n_layers"), ("n_head", "n_heads"), ("n_embd", "d_model")):
         if hf_key in conf and conf[hf_key] != getattr(model_cfg, ours):
             raise ConfigError("model.init_from", f"{path}: {hf_key}={conf[hf_key]} but model.{ours}="
@@ -123,3 +126,7 @@ def check_hf_config(conf: dict, path: Path, model_cfg) -> None:
                                              f"({' / '.join(_TANH_GELUS)}) llmtrain's GPT uses")
     if conf.get("scale_attn_by_inverse_layer_idx") or conf.get("scale_attn_weights", True) is False:
         raise ConfigError("model.init_from", f"{path}: non-standard attention scaling is not supported")
+    eps = conf.get("layer_norm_epsilon", 1e-5)
+    if not math.isclose(eps, model_cfg.norm_eps, rel_tol=1e-9):
+        raise ConfigError("model.init_from", f"{path}: layer_norm_epsilon={eps} but model.norm_eps="
+                                             f"{model_cfg.norm_eps}; set model.norm_eps={eps}")

@@ -47,10 +47,10 @@ class Piece:
 def model_shapes(model_cfg) -> dict[str, tuple[int, ...]]:
     """{parameter name: shape} of the model `model_cfg` builds (on the meta device: no memory, no init). A tied
     head is not listed: it is embed.tok.weight."""
-    from llmtrain.model.gpt import GPT, GPTArgs
+    from llmtrain.model import build_model
 
     with torch.device("meta"):
-        model = GPT(GPTArgs.from_config(model_cfg))
+        model = build_model(model_cfg)
     return {name: tuple(p.shape) for name, p in model.named_parameters()}
 
 

@@ -1,4 +1,4 @@
-"""Build this rank's share of the model: meta-device GPT -> pipeline split -> float8 layers (precision=fp8) ->
+"""Build this rank's share of the model: meta-device GPT or Llama -> pipeline split -> float8 layers (precision=fp8) ->
 tensor parallel -> recompute -> compile -> FSDP2 -> materialize on the device -> layout-independent init
 (torchtitan's order: float8 before TP, TP before FSDP, init after sharding)."""
 
@@ -16,7 +16,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
 from llmtrain.config.derived import Derived, torch_dtype
-from llmtrain.model import GPT, GPTArgs, init_parameters
+from llmtrain.model import build_model, init_parameters
 from llmtrain.parallel import pipeline as pp_lib
 from llmtrain.parallel.data_parallel import apply_data_parallel
 from llmtrain.parallel.float8 import Float8Training
@@ -122,9 +122,8 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 def build_parallel_model(cfg: DictConfig, dims: ParallelDims, mesh: Meshes, device: torch.device) -> ParallelModel:
-    args = GPTArgs.from_config(cfg.model)
     with torch.device("meta"):
-        whole = GPT(args)
+        whole = build_model(cfg.model)
     pp = cfg.parallel
     param_dtype = torch_dtype(cfg.precision.compute_dtype)
     param_dtype = None if param_dtype == torch.float32 else param_dtype
@@ -170,7 +169,8 @@ def build_parallel_model(cfg: DictConfig, dims: ParallelDims, mesh: Meshes, devi
     ids = pp_lib.stage_ids(pp_rank, dims.pp, pp.virtual_stages, pp.pp_schedule)
     parts = [finish(pp_lib.make_stage_module(whole, s, counts)) for s in ids]
     stages = [PipelineStage(part, s, num_stages, device, group=pp_group) for part, s in zip(parts, ids)]
-    model = ParallelModel(parts, dims, None, ids, num_stages, _tied_group(mesh, dims, pp), float8)
+    tied_group = _tied_group(mesh, dims, pp) if whole.args.tie_embeddings else None
+    model = ParallelModel(parts, dims, None, ids, num_stages, tied_group, float8)
     model.init_from_note = pretrained_note
 
     def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
