@@ -4,6 +4,7 @@ checked against the config before launch from the files' headers, and loaded wit
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -308,3 +309,84 @@ def test_init_from_hf_llama_under_tp2_starts_from_its_weights(hf_llama, tmp_path
     assert first["step"] == 1 and abs(first["loss"] - expected) <= 1e-5, (first, expected)
     log = (run_dir / "logs" / "rank0.log").read_text()
     assert f"llmtrain: {source.describe()}\n" in log
+
+
+# ---- the README's command against a folder shaped like Meta's Llama 3.2 1B ------------------------------------
+
+# config.json of meta-llama/Llama-3.2-1B as published.
+LLAMA32_1B = {
+    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 128000,
+    "eos_token_id": 128001, "head_dim": 64, "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02,
+    "intermediate_size": 8192, "max_position_embeddings": 131072, "mlp_bias": False, "model_type": "llama",
+    "num_attention_heads": 32, "num_hidden_layers": 16, "num_key_value_heads": 8, "pretraining_tp": 1,
+    "rms_norm_eps": 1e-05, "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                                            "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "rope_theta": 500000.0, "tie_word_embeddings": True, "torch_dtype": "bfloat16", "use_cache": True,
+    "vocab_size": 128256}
+
+
+def sparse_safetensors(path: Path, shapes: dict[str, list[int]], dtype: str = "BF16") -> None:
+    """A safetensors file with these tensors whose data is a hole (a sparse file): its header is real, its
+    2.5 GB of bf16 take no disk. Written by hand because the point is not to materialize the tensors."""
+    header, offset = {"__metadata__": {"format": "pt"}}, 0
+    for name, shape in shapes.items():
+        size = 2 * math.prod(shape)
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(path, "wb") as f:
+        f.write(len(raw).to_bytes(8, "little") + raw)
+        f.truncate(8 + len(raw) + offset)
+
+
+def llama32_1b_folder(folder: Path) -> None:
+    d, kv, ffn = 2048, 8 * 64, 8192
+    shapes = {"model.embed_tokens.weight": [128256, d], "model.norm.weight": [d]}
+    for i in range(16):
+        p = f"model.layers.{i}."
+        shapes.update({p + "input_layernorm.weight": [d], p + "post_attention_layernorm.weight": [d],
+                       p + "self_attn.q_proj.weight": [d, d], p + "self_attn.k_proj.weight": [kv, d],
+                       p + "self_attn.v_proj.weight": [kv, d], p + "self_attn.o_proj.weight": [d, d],
+                       p + "mlp.gate_proj.weight": [ffn, d], p + "mlp.up_proj.weight": [ffn, d],
+                       p + "mlp.down_proj.weight": [d, ffn]})
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(LLAMA32_1B))
+    sparse_safetensors(folder / "model.safetensors", shapes)
+
+
+def test_readme_continue_pretraining_command_passes_the_check(tmp_path, capsys, monkeypatch):
+    """The README's `llmtrain launch model=llama3-1b model.init_from=Llama-3.2-1B ...` (as a dry run) against a
+    folder with Llama 3.2 1B's published config.json and tensor names and shapes: llama3-1b matches it."""
+    import re
+    import shlex
+
+    from conftest import REPO
+    from llmtrain.cli import main
+
+    llama32_1b_folder(tmp_path / "Llama-3.2-1B")
+    (tmp_path / "data").mkdir()
+    tokens = 200_000  # uint32 ids of Llama 3's vocabulary: room for a sequence of 8193 in each split
+    with open(tmp_path / "data" / "llama.bin", "wb") as f:
+        f.truncate(4 * tokens)
+    (tmp_path / "data" / "llama.bin.json").write_text(json.dumps(
+        {"format": "llmtrain-tokens-v1", "dtype": "uint32", "vocab_size": 128256, "num_tokens": tokens}))
+    readme = (REPO / "README.md").read_text()
+    commands = [ln.strip() for ln in re.findall(r"^llmtrain launch .*model\.init_from=.*$", readme, re.M)]
+    assert len(commands) == 1
+    monkeypatch.chdir(tmp_path)
+    args = shlex.split(commands[0])[1:]
+    assert main([args[0], "--dry-run", *args[1:]]) == 0, capsys.readouterr().err
+    assert "  init_from: Llama-3.2-1B\n" in capsys.readouterr().out
+
+    cfg = compose_config([a for a in args[1:] if "=" in a])
+    source = inspect_pretrained("Llama-3.2-1B", cfg.model)
+    line = f"llmtrain: {source.describe()}"
+    assert line == "llmtrain: model.init_from: loaded 146 tensors (1,235,814,400 parameters) from Llama-3.2-1B " \
+                   "(HF Llama)"
+    assert f"`{line}`" in readme
+    # The README's example refusals, as they are.
+    for override in ("model.n_kv_heads=32", "model.rope_theta=10000"):
+        assert main(["launch", "--dry-run", *args[1:], override]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("llmtrain: error: model.init_from: ") and f"\n{err}\n" in readme, err
