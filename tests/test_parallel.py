@@ -45,15 +45,18 @@ def reference(tmp_path_factory):
     return {r["step"]: r for r in rows if "loss" in r}
 
 
-def assert_parity(rows, reference, label):
+def assert_parity(rows, reference, label, steps=range(1, 11)):
     got = {r["step"]: r for r in rows if "loss" in r}
-    assert sorted(got) == sorted(reference) == list(range(1, 11)), label
+    assert sorted(got) == list(steps) and sorted(reference) == list(range(1, 11)), label
+    reference = {s: reference[s] for s in steps}
     loss_diff = max(abs(got[s]["loss"] - reference[s]["loss"]) for s in reference)
     norm_diff = max(abs(got[s]["grad_norm"] - reference[s]["grad_norm"]) / reference[s]["grad_norm"]
                     for s in reference)
     assert loss_diff <= TOL, f"{label}: max |loss diff| {loss_diff:.2e} > {TOL}"
     assert norm_diff <= TOL, f"{label}: max relative grad-norm diff {norm_diff:.2e} > {TOL}"
-    assert reference[10]["loss"] < reference[1]["loss"] - 0.3  # the losses compared actually move
+    first, last = min(steps), max(steps)
+    drop = 0.3 if first == 1 else 0.1  # the losses compared actually move (less in a run's second half)
+    assert reference[last]["loss"] < reference[first]["loss"] - drop
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
@@ -126,3 +129,49 @@ def test_pipeline_evaluation_matches_one_process(tmp_path):
     got = {r["step"]: r["val_loss"] for r in pp if "val_loss" in r}
     assert sorted(got) == sorted(want) == [2, 4]
     assert max(abs(got[s] - want[s]) for s in want) <= 1e-5
+
+
+# ---- Llama: the same harness on llama-tiny's architecture at width 64 (4 query heads sharing 2 key/value heads of
+# 16, SwiGLU width 192). Recompute rides along on two layouts: it changes no number.
+LLAMA = [*PARITY, "model=llama-tiny"]
+LLAMA_LAYOUTS = {
+    "dp2_zero3": (2, ["parallel.zero=3"]),
+    "tp2_sp_gqa_selective_recompute": (2, ["parallel.tp=2", "parallel.sequence_parallel=true", "recompute=selective"]),
+    "pp2_1f1b_full_recompute": (2, ["parallel.pp=2", "parallel.pp_schedule=1f1b", "recompute=full"]),
+    "pp2_tp2_sp_interleaved_1f1b": (4, ["parallel.pp=2", "parallel.tp=2", "parallel.sequence_parallel=true",
+                                        "parallel.pp_schedule=interleaved_1f1b", "parallel.virtual_stages=2"]),
+}
+
+
+@pytest.fixture(scope="module")
+def llama_reference(tmp_path_factory):
+    rows = launch(tmp_path_factory.mktemp("llama-ref") / "run", *LLAMA, "cluster.nproc_per_node=1")
+    return {r["step"]: r for r in rows if "loss" in r}
+
+
+@pytest.mark.parametrize("name", list(LLAMA_LAYOUTS))
+def test_llama_layout_matches_one_process(name, llama_reference, tmp_path):
+    nproc, overrides = LLAMA_LAYOUTS[name]
+    rows = launch(tmp_path / name, *LLAMA, f"cluster.nproc_per_node={nproc}", *overrides)
+    assert_parity(rows, llama_reference, f"llama {name}")
+
+
+def test_llama_dp2_tp2_matches_and_its_checkpoint_resumes_under_pp2(llama_reference, tmp_path):
+    """DP2 x TP2 (ZeRO-3, GQA heads split) over 10 steps, then its step-5 checkpoint resumed by a pipeline
+    (PP2, 1F1B) in another run directory: steps 6..10 continue the one-process losses."""
+    saved = tmp_path / "dp2_tp2"
+    rows = launch(saved, *LLAMA, "cluster.nproc_per_node=4", "parallel.tp=2", "parallel.zero=3",
+                  "checkpoint.interval=5")
+    assert_parity(rows, llama_reference, "llama dp2 x tp2")
+    rows = launch(tmp_path / "resumed", *LLAMA, "cluster.nproc_per_node=2", "parallel.pp=2",
+                  f"checkpoint.resume={saved / 'checkpoints' / 'step-0000005'}")
+    assert_parity(rows, llama_reference, "llama dp2 x tp2 -> pp2 from step 5", steps=range(6, 11))
+
+
+def test_untied_llama_pp2_tp2_matches_one_process(tmp_path):
+    """An untied head (Llama 3 8B's) lives on the last pipeline stage alone and is column-parallel under TP."""
+    untied = [*LLAMA, "model.tie_embeddings=false"]
+    one = {r["step"]: r for r in launch(tmp_path / "one", *untied, "cluster.nproc_per_node=1") if "loss" in r}
+    rows = launch(tmp_path / "pp2_tp2", *untied, "cluster.nproc_per_node=4", "parallel.pp=2", "parallel.tp=2",
+                  "parallel.sequence_parallel=true")
+    assert_parity(rows, one, "untied llama pp2 x tp2")
