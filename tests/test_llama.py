@@ -41,6 +41,9 @@ def refusal(capsys, *overrides: str) -> str:
     (["model.arch=mamba"], "model.arch: must be one of gpt2, llama (got mamba)"),
     ([*TINY, "model.ffn_dim=100", "parallel.tp=8", "cluster.nproc_per_node=8", "model.n_heads=8",
       "model.n_kv_heads=8"], "parallel.tp: tp=8 must divide the MLP width 100 (model.ffn_dim)"),
+    ([*TINY, "model.rope_scaling.factor=8"], "model.rope_scaling.factor: model.rope_scaling is null here; set the "
+                                             "section whole: model.rope_scaling={factor:...}"),
+    (["model=llama3-8b", "model.rope_scaling.fctor=8"], "model.rope_scaling.fctor: unknown key"),
     ([*TINY, "model.rope_scaling={factor:8,high_freq_factor:1}"],
      "model.rope_scaling.high_freq_factor: must exceed low_freq_factor=1.0 (got 1.0)"),
 ])
