@@ -402,3 +402,26 @@ def test_state_is_saved_by_parameter_name_and_loads_into_two_stages_on_one_rank(
     dcp.save({"model": ModelState(stages), "optim": OptimizerState(stages, stage_optimizer)},
              checkpoint_id=tmp_path / "two")
     assert set(dcp.FileSystemReader(tmp_path / "two").read_metadata().state_dict_metadata) == keys
+
+
+def test_an_untied_head_is_saved_under_its_own_name():
+    """A tied head is saved once, as the embedding; an untied one (model.tie_embeddings=false) is a parameter of
+    its own in the checkpoint, and loading puts it back. In-process, no process group."""
+    import torch
+
+    from llmtrain.checkpoint.state import ModelState
+    from llmtrain.config import compose_config
+    from llmtrain.model import build_model
+
+    for tie in (True, False):
+        cfg = compose_config(["model=llama-tiny", f"model.tie_embeddings={str(tie).lower()}"])
+        torch.manual_seed(0)
+        model = build_model(cfg.model)
+        saved = ModelState([model]).state_dict()
+        assert ("head.weight" in saved) is (not tie)
+    assert torch.equal(saved["head.weight"], model.head.weight)
+    assert not torch.equal(saved["head.weight"], saved["embed.tok.weight"])
+    other = build_model(cfg.model)
+    ModelState([other]).load_state_dict({name: value.clone() for name, value in saved.items()})
+    assert torch.equal(other.head.weight, model.head.weight)
+    assert torch.equal(other.embed.tok.weight, model.embed.tok.weight)

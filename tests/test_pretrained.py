@@ -58,7 +58,7 @@ def test_sharded_hf_gpt2_gives_the_same_logits(hf_gpt2):
     source = inspect_pretrained(folder, cfg.model)
     assert source.format == "hf-gpt2" and len(source.files) > 1
     model = GPT(GPTArgs.from_config(cfg.model)).eval()
-    result = model.load_state_dict(source.load(cfg.model), strict=False)
+    result = model.load_state_dict(source.load(), strict=False)
     assert result.missing_keys == ["head.weight"] and not result.unexpected_keys  # the tied head: embed.tok
     ids = torch.randint(0, 250, (2, 32), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -113,7 +113,7 @@ def test_the_check_reads_headers_only(hf_gpt2, monkeypatch):
     cfg = compose_config(GPT2_SMALL)
     source = inspect_pretrained(folder, cfg.model)
     assert reads == []
-    source.load(cfg.model)
+    source.load()
     assert len(reads) == len(set(reads)) == 2 + 2 * 12 + 2  # wte, wpe; 12 a layer (c_attn read once); ln_f
     assert set(reads) == {piece.key for piece in source.pieces.values()}
 
@@ -233,7 +233,7 @@ def test_sharded_hf_llama_gives_the_same_logits(hf_llama):
     source = inspect_pretrained(folder, cfg.model)
     assert source.format == "hf-llama" and len(source.files) > 1
     model = build_model(cfg.model).eval()
-    result = model.load_state_dict(source.load(cfg.model), strict=False)
+    result = model.load_state_dict(source.load(), strict=False)
     assert not result.missing_keys and not result.unexpected_keys
     ids = torch.randint(0, 250, (2, 64), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -275,8 +275,8 @@ def test_llama_mismatches_are_refused_before_launch(hf_llama, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_init_from_hf_llama_under_tp2_starts_from_its_weights(hf_llama, tmp_path):
-    """One launch at tp=2: the first loss is the one a single process computes with the folder's weights, and
-    rank 0 says what it loaded."""
+    """One launch at tp=2: the first loss is the one a single process computes with the folder's weights, rank 0
+    says what it loaded, and the run's checkpoint exports to a folder transformers gives the same logits from."""
     import torch.nn.functional as F
 
     from conftest import launch
@@ -290,7 +290,7 @@ def test_init_from_hf_llama_under_tp2_starts_from_its_weights(hf_llama, tmp_path
     cfg = compose_config(overrides)
     source = inspect_pretrained(folder, cfg.model)
     model = build_model(cfg.model).eval()
-    model.load_state_dict(source.load(cfg.model), strict=False)
+    model.load_state_dict(source.load(), strict=False)
     stream = SampleStream(build_dataset(cfg.data, cfg.model, cfg.train.seed), cfg.train.seed)
     fresh = build_model(cfg.model).eval()
     init_parameters(fresh, cfg.train.seed, cfg.model.init_std, cfg.model.n_layers)  # what a run without it starts at
@@ -309,6 +309,21 @@ def test_init_from_hf_llama_under_tp2_starts_from_its_weights(hf_llama, tmp_path
     assert first["step"] == 1 and abs(first["loss"] - expected) <= 1e-5, (first, expected)
     log = (run_dir / "logs" / "rank0.log").read_text()
     assert f"llmtrain: {source.describe()}\n" in log
+
+    # `llmtrain ckpt export RUN_DIR --format hf` of that tp=2 run: transformers gives llmtrain's logits.
+    from llmtrain.checkpoint.export import load_model_state
+    from llmtrain.cli import main
+
+    out = tmp_path / "export"
+    assert main(["ckpt", "export", str(run_dir), "--format", "hf", "--out", str(out)]) == 0
+    state, _ = load_model_state(run_dir / "checkpoints" / "step-0000001")
+    trained = build_model(cfg.model).eval()
+    trained.load_state_dict(state, strict=False)
+    hf = transformers.LlamaForCausalLM.from_pretrained(str(out), local_files_only=True).eval()
+    ids = torch.randint(0, 250, (2, 64), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, trained(ids)[..., :250], atol=1e-4, rtol=0)
+        assert not torch.equal(trained(ids), model(ids))  # one step was taken
 
 
 # ---- the README's command against a folder shaped like Meta's Llama 3.2 1B ------------------------------------

@@ -58,7 +58,7 @@ class Pretrained:
         return (f"{KEY}: loaded {len(self.pieces)} tensors ({count:,} parameters) from {self.path} "
                 f"({FORMAT_NAMES[self.format]}{files})")
 
-    def load(self, model_cfg) -> dict[str, torch.Tensor]:
+    def load(self) -> dict[str, torch.Tensor]:
         """Full fp32 tensors with llmtrain names; the embedding (and an untied head) gets zero rows up to the
         padded vocabulary, a longer position table keeps its first seq_len rows."""
         out: dict[str, torch.Tensor] = {}
@@ -96,9 +96,12 @@ def _safetensors_entries(path: Path) -> dict[str, Stored]:
 def _torch_entries(path: Path) -> dict[str, Stored]:
     try:  # memory-mapped: nothing is read until a tensor is used
         sd = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception as e:
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConfigError(KEY, f"cannot read {path}: {msg[:300]}") from None
+    except Exception:
+        try:  # the legacy (pre-zipfile) torch format cannot be memory-mapped
+            sd = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:
+            msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ConfigError(KEY, f"cannot read {path}: {msg[:300]}") from None
     if isinstance(sd, dict) and isinstance(sd.get("state_dict"), dict):
         sd = sd["state_dict"]
     if not isinstance(sd, dict):
@@ -249,4 +252,4 @@ def _match(src: Pretrained, expected: dict[str, tuple[int, ...]], model_cfg, arc
 
 def load_pretrained(path: str | os.PathLike, model_cfg) -> dict[str, torch.Tensor]:
     """Weights for `model.init_from=PATH`: full fp32 tensors with llmtrain names, checked against `model_cfg`."""
-    return inspect_pretrained(path, model_cfg).load(model_cfg)
+    return inspect_pretrained(path, model_cfg).load()
