@@ -77,7 +77,8 @@ class ModelConfig:
     # llama only (gpt2 always ties): the output head shares the token embedding's weight.
     tie_embeddings: bool = True
     init_std: float = 0.02
-    # A Hugging Face GPT-2 folder or safetensors export to start from; null = random init.
+    # A Hugging Face GPT-2 or Llama folder, or an llmtrain safetensors export, to start from; null = random
+    # init (README: Hugging Face interop).
     init_from: Optional[str] = None
 
 
