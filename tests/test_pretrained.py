@@ -65,6 +65,11 @@ def test_sharded_hf_gpt2_gives_the_same_logits(hf_gpt2):
         ours, theirs = model(ids)[..., :250], hf(ids).logits
     assert ours.abs().max() > 1.0
     torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=0)
+    from llmtrain.model import init_parameters
+
+    one_at_a_time = GPT(GPTArgs.from_config(cfg.model))  # as the workers read it: by name, one tensor at a time
+    init_parameters(one_at_a_time, 0, 0.02, 2, source)
+    assert all(torch.equal(p, dict(model.named_parameters())[n]) for n, p in one_at_a_time.named_parameters())
     params = sum(p.numel() for p in hf.parameters())  # tied: wte counted once; no padding rows
     assert source.describe() == (f"model.init_from: loaded {len(dict(model.named_parameters()))} tensors "
                                  f"({params:,} parameters) from {folder} (HF GPT-2, {len(source.files)} files)")
@@ -240,6 +245,12 @@ def test_sharded_hf_llama_gives_the_same_logits(hf_llama):
         ours, theirs = model(ids)[..., :250], hf(ids).logits
     assert ours.abs().max() > 1.0
     torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=0)
+    # What the workers do: init_parameters reads each tensor on its own, by name, and gets the same values.
+    from llmtrain.model import init_parameters
+
+    one_at_a_time = build_model(cfg.model)
+    init_parameters(one_at_a_time, 0, 0.02, 2, source)
+    assert all(torch.equal(p, dict(model.named_parameters())[n]) for n, p in one_at_a_time.named_parameters())
     params = sum(p.numel() for p in hf.parameters())
     assert source.describe() == (f"model.init_from: loaded {2 + 9 * 2 + 1} tensors ({params:,} parameters) from "
                                  f"{folder} (HF Llama, {len(source.files)} files)")

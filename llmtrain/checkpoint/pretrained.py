@@ -2,8 +2,9 @@
 
 `inspect_pretrained` reads only what the files say about themselves (safetensors headers, config.json, an index)
 and checks every tensor's name and shape against the model the config builds: the launcher calls it before
-anything starts, so a wrong folder is one line naming the tensor, the file and both shapes. `load` then reads
-the tensors (every rank, as full fp32 tensors with llmtrain names; init shards them for the layout).
+anything starts, so a wrong folder is one line naming the tensor, the file and both shapes. The workers then read
+each parameter's full fp32 tensor by its llmtrain name (`source[name]`, one at a time; init keeps the rank's
+shards of it), or all of them at once (`load`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import contextlib
 import json
 import math
 import os
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,8 +44,10 @@ class Stored:
     tensor: torch.Tensor | None = None  # torch files only: memory-mapped, read on use
 
 
-@dataclass
-class Pretrained:
+@dataclass(eq=False)
+class Pretrained(Mapping):
+    """A checked model.init_from source: llmtrain parameter name -> its full fp32 tensor, read when asked for."""
+
     path: Path
     format: str  # a key of FORMAT_NAMES
     files: list[Path]
@@ -57,6 +61,22 @@ class Pretrained:
         files = f", {len(self.files)} files" if len(self.files) > 1 else ""
         return (f"{KEY}: loaded {len(self.pieces)} tensors ({count:,} parameters) from {self.path} "
                 f"({FORMAT_NAMES[self.format]}{files})")
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        """One parameter's full fp32 tensor, read on its own from the memory-mapped file: a rank initializing its
+        shards holds one full tensor at a time, not the whole model (32 GB in fp32 for an 8B)."""
+        piece = self.pieces[name]
+        stored = self.stored[piece.key]
+        if stored.tensor is None:
+            with open_safetensors(stored.file) as f:
+                return _fit(name, piece.take(f.get_tensor(piece.key)), self.expected_shapes[name])
+        return _fit(name, piece.take(stored.tensor), self.expected_shapes[name])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.pieces)
+
+    def __len__(self) -> int:
+        return len(self.pieces)
 
     def load(self) -> dict[str, torch.Tensor]:
         """Full fp32 tensors with llmtrain names; the embedding (and an untied head) gets zero rows up to the

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Mapping
 
 import torch
 from torch import nn
@@ -39,7 +40,7 @@ def full_init_value(name: str, shape: torch.Size, seed: int, std: float, n_layer
 
 @torch.no_grad()
 def init_parameters(model: nn.Module, seed: int, std: float, n_layers: int,
-                    pretrained: dict[str, torch.Tensor] | None = None) -> None:
+                    pretrained: Mapping[str, torch.Tensor] | None = None) -> None:
     """Fill every parameter of `model` (plain or DTensor, already on its device) with its layout-free value:
     the `pretrained` full tensor of that name when given (model.init_from), else the seeded GPT-2 init; and
     recompute the buffers (rotary frequencies) that materializing a meta-device model left uninitialized."""

@@ -133,7 +133,7 @@ def build_parallel_model(cfg: DictConfig, dims: ParallelDims, mesh: Meshes, devi
         from llmtrain.checkpoint.pretrained import inspect_pretrained
 
         source = inspect_pretrained(cfg.model.init_from, cfg.model)
-        pretrained, pretrained_note = source.load(), source.describe()
+        pretrained, pretrained_note = source, source.describe()  # tensors read one at a time by init_parameters
 
     float8 = Float8Training.from_config(cfg, dims)
     float8_styles = float8 is not None and float8.tensor_parallel_styles
