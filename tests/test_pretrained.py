@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from llmtrain.checkpoint.pretrained import inspect_pretrained, load_pretrained
-from llmtrain.config import ConfigError, compose_config
+from llmtrain.config import compose_config
 from llmtrain.model.gpt import GPT, GPTArgs
 
 transformers = pytest.importorskip("transformers", reason="transformers not installed: pip install transformers")
