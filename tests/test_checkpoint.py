@@ -264,6 +264,11 @@ def test_export_hf_matches_and_init_from_continues(uninterrupted, tmp_path):
     first = [r for r in rows if "loss" in r][0]["loss"]
     assert abs(first - expected) <= 1e-5, (first, expected)
     assert first < uninterrupted["dp2"][1] - 0.3  # trained weights, not a fresh init
+    # Rank 0 says what it loaded: every tensor, the parameters without the vocabulary's padding rows.
+    count = sum(t[: cfg.model.vocab_size].numel() for t in state.values())
+    log = (run_dir / "logs" / "rank0.log").read_text()
+    assert f"llmtrain: model.init_from: loaded {len(state)} tensors ({count:,} parameters) from {out} (HF GPT-2)\n" \
+        in log
 
 
 def test_kill_during_a_save_keeps_the_previous_checkpoint(tmp_path):
@@ -397,3 +402,26 @@ def test_state_is_saved_by_parameter_name_and_loads_into_two_stages_on_one_rank(
     dcp.save({"model": ModelState(stages), "optim": OptimizerState(stages, stage_optimizer)},
              checkpoint_id=tmp_path / "two")
     assert set(dcp.FileSystemReader(tmp_path / "two").read_metadata().state_dict_metadata) == keys
+
+
+def test_an_untied_head_is_saved_under_its_own_name():
+    """A tied head is saved once, as the embedding; an untied one (model.tie_embeddings=false) is a parameter of
+    its own in the checkpoint, and loading puts it back. In-process, no process group."""
+    import torch
+
+    from llmtrain.checkpoint.state import ModelState
+    from llmtrain.config import compose_config
+    from llmtrain.model import build_model
+
+    for tie in (True, False):
+        cfg = compose_config(["model=llama-tiny", f"model.tie_embeddings={str(tie).lower()}"])
+        torch.manual_seed(0)
+        model = build_model(cfg.model)
+        saved = ModelState([model]).state_dict()
+        assert ("head.weight" in saved) is (not tie)
+    assert torch.equal(saved["head.weight"], model.head.weight)
+    assert not torch.equal(saved["head.weight"], saved["embed.tok.weight"])
+    other = build_model(cfg.model)
+    ModelState([other]).load_state_dict({name: value.clone() for name, value in saved.items()})
+    assert torch.equal(other.head.weight, model.head.weight)
+    assert torch.equal(other.embed.tok.weight, model.embed.tok.weight)

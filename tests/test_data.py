@@ -338,6 +338,63 @@ def test_prepare_with_hf_tokenizer(tmp_path):
     assert torch.from_file(out, size=len(expected), dtype=torch.uint16).tolist() == expected
 
 
+def big_vocab_tokenizer(path: Path):
+    """A byte-level BPE tokenizer.json with more ids than uint16 holds (about 70,300; Llama 3 has 128,256)."""
+    tokenizers = pytest.importorskip("tokenizers", reason="tokenizers not installed: pip install tokenizers")
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE())
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = tokenizers.trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
+                                             initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(["the quick brown fox jumps over the lazy dog"], trainer)
+    tok.add_tokens([f"<x{i}>" for i in range(70_000)])
+    tok.save(str(path))
+    return tok
+
+
+def test_a_vocabulary_over_65536_is_prepared_as_uint32_and_checked_before_launch(tmp_path, capsys):
+    from llmtrain.cli import main
+
+    tok = big_vocab_tokenizer(tmp_path / "tokenizer.json")
+    vocab = tok.get_vocab_size(with_added_tokens=True)
+    assert vocab > 70_000
+    doc = "the fox <x69999> jumps <x5> over the dog\n" * 100
+    (tmp_path / "doc.txt").write_text(doc)
+    out = tmp_path / "big.bin"
+    meta = prepare_corpus([str(tmp_path / "doc.txt")], str(out), tokenizer=str(tmp_path / "tokenizer.json"))
+    expected = tok.encode(doc).ids + [tok.token_to_id("<|endoftext|>")]
+    assert max(expected) == vocab - 1 >= 2**16  # <x69999>, the last id
+    assert (meta["dtype"], meta["vocab_size"], meta["num_tokens"]) == ("uint32", vocab, len(expected))
+    assert out.stat().st_size == 4 * len(expected)
+    assert torch.from_file(str(out), size=len(expected), dtype=torch.uint32).to(torch.long).tolist() == expected
+    # The workers read the ids back whole.
+    ds = build_dataset(data_cfg("memmap", str(out)), model_cfg(vocab_size=vocab, seq_len=16), seed=0)
+    assert ds.dtype == "uint32" and ds.sample("train", 0).tolist() == expected[:17]
+
+    def config(*overrides: str) -> tuple[int, list[str]]:
+        code = main(["config", "data=memmap", f"data.path={out}", "model.seq_len=16", *overrides])
+        return code, capsys.readouterr().err.strip().splitlines()
+
+    assert config(f"model.vocab_size={vocab}")[0] == 0
+    code, err = config("model.vocab_size=65536")
+    assert code == 2 and err == [f"llmtrain: error: model.vocab_size: is 65536 but {out} has vocab_size {vocab}; "
+                                 f"set model.vocab_size={vocab} (or larger)"]
+    code, err = config(f"model.vocab_size={vocab}", "data.dtype=uint16")
+    assert code == 2 and err == [f"llmtrain: error: data.dtype: is uint16 but {out}.json says uint32; "
+                                 f"set data.dtype=uint32 (or null)"]
+    # A meta that says uint16 for this vocabulary (its ids cannot be in such a file), or none with data.dtype=uint16.
+    sidecar = Path(f"{out}.json")
+    sidecar.write_text(json.dumps({**meta, "dtype": "uint16", "num_tokens": 2 * len(expected)}))
+    code, err = config(f"model.vocab_size={vocab}")
+    assert code == 2 and len(err) == 1 and err[0].startswith(
+        f"llmtrain: error: data.path: {out} is read as uint16 but {sidecar} says vocab_size {vocab}; uint16 holds "
+        f"ids below 65536: prepare it again")
+    sidecar.write_text(json.dumps({k: v for k, v in meta.items() if k not in ("dtype", "num_tokens")}))
+    code, err = config(f"model.vocab_size={vocab}", "data.dtype=uint16")
+    assert code == 2 and len(err) == 1 and err[0].startswith(f"llmtrain: error: data.dtype: {out} is read as uint16")
+    assert err[0].endswith("or set data.dtype=uint32")
+    assert config(f"model.vocab_size={vocab}", "data.dtype=uint32")[0] == 0
+
+
 # ---------------------------------------------------------------- data prepare reads text only
 
 

@@ -16,8 +16,9 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from llmtrain.checkpoint.export import (export_checkpoint, load_model_state, load_pretrained, read_safetensors,
-                                        read_safetensors_metadata, write_safetensors)
+from llmtrain.checkpoint.export import export_checkpoint, load_model_state
+from llmtrain.checkpoint.pretrained import load_pretrained
+from llmtrain.checkpoint.safetensors_io import read_safetensors, read_safetensors_metadata, write_safetensors
 from llmtrain.checkpoint.export_cli import add_export_arguments, run_export
 from llmtrain.config import ConfigError, compose_config, to_yaml
 from llmtrain.model.gpt import GPT, GPTArgs
@@ -60,6 +61,14 @@ def ckpt250(tmp_path_factory):
     path = tmp_path_factory.mktemp("ck") / "step-0000007"
     model, cfg = make_checkpoint(path, "model.vocab_size=250", "model.vocab_pad_multiple=128", seed=1)
     assert model.embed.tok.weight.shape[0] == 256
+    return path, model, cfg
+
+
+@pytest.fixture(scope="module")
+def ckpt_mlp48(tmp_path_factory):
+    """A GPT-2 whose MLP width and LayerNorm epsilon are not the defaults (model.ffn_dim, model.norm_eps)."""
+    path = tmp_path_factory.mktemp("ck") / "step-0000007"
+    model, cfg = make_checkpoint(path, "model.vocab_size=256", "model.ffn_dim=48", "model.norm_eps=0.5", seed=2)
     return path, model, cfg
 
 
@@ -153,7 +162,7 @@ def test_load_model_state_gives_full_tensors_with_llmtrain_names(ckpt250):
 # ---- export --------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("which", ["ckpt256", "ckpt250"])
+@pytest.mark.parametrize("which", ["ckpt256", "ckpt250", "ckpt_mlp48"])
 def test_hf_export_loads_in_transformers_with_equal_logits(which, request, tmp_path):
     path, model, cfg = request.getfixturevalue(which)
     out = tmp_path / "hf"
@@ -247,7 +256,8 @@ def test_load_pretrained_shape_mismatch_names_the_tensor(ckpt256, tmp_path):
     with pytest.raises(ConfigError) as e:
         load_pretrained(out, wider)
     assert e.value.key == "model.init_from"
-    assert "shape mismatch for embed.tok.weight: checkpoint (256, 32) vs config (256, 64)" in e.value.message
+    assert e.value.message == (f"embed.tok.weight is [256, 32] in {out / 'model.safetensors'} but the config "
+                               f"builds [256, 64] (model.d_model)")
     deeper = compose_config([*SMALL, "model.vocab_size=256", "model.n_layers=3"]).model
     with pytest.raises(ConfigError, match="missing tensor layers.2.ln_1.weight"):
         load_pretrained(out, deeper)

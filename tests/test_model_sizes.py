@@ -1,14 +1,19 @@
-"""The built-in GPT sizes: parameter counts of the GPT-3 paper, and every one exportable to Hugging Face GPT-2.
+"""The built-in sizes: GPT parameter counts of the GPT-3 paper (every one exportable to Hugging Face GPT-2), and
+the Llama 3 shapes' published counts.
 
-Counts come from the plan's exact counter (no model is built), so the check covers gpt-175b in milliseconds.
+GPT counts come from the plan's exact counter (no model is built), so the check covers gpt-175b in milliseconds;
+Llama counts from the model built on the meta device (no memory).
 """
 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from llmtrain.checkpoint.export import check_hf_exportable
 from llmtrain.config import ConfigError, builtin_config_dir, compose_config
+from llmtrain.config.derived import ffn_dim
+from llmtrain.model import Llama, build_model
 from llmtrain.plan.estimate import stage_params
 
 # Brown et al. 2020, Table 2.1, n_params.
@@ -46,3 +51,36 @@ def test_the_tables_1_3b_shape_stays_reachable_with_head_dim_but_not_as_hf():
     with pytest.raises(ConfigError) as e:
         check_hf_exportable(cfg.model)
     assert e.value.key == "--format" and "24 x 128 = 3072 != d_model 2048" in e.value.message
+
+
+# Meta's published sizes (Llama 3.2 1B and 3B, Llama 3.1 8B) and the MLP width of each (intermediate_size).
+LLAMA_PARAMS = {"llama3-1b": (1.236e9, 8192), "llama3-3b": (3.213e9, 8192), "llama3-8b": (8.030e9, 14336)}
+
+
+def test_every_builtin_llama_size_has_a_published_figure():
+    sizes = {p.stem for p in (builtin_config_dir() / "model").glob("llama*.yaml")} - {"llama-tiny"}
+    assert sizes == set(LLAMA_PARAMS)
+
+
+@pytest.mark.parametrize("name", sorted(LLAMA_PARAMS, key=LLAMA_PARAMS.get))
+def test_builtin_llama_size_matches_the_published_count(name):
+    cfg = compose_config([f"model={name}"])
+    published, width = LLAMA_PARAMS[name]
+    assert ffn_dim(cfg.model) == width
+    with torch.device("meta"):
+        model = build_model(cfg.model)
+    assert isinstance(model, Llama)
+    total = model.num_params()
+    assert abs(total / published - 1) <= 0.01, f"{name}: {total:,} parameters, published {published:,.0f}"
+    head = cfg.model.d_model // cfg.model.n_heads  # 64 (1B), 128 (3B, 8B)
+    assert model.layers["0"].attn.k.weight.shape == (8 * head, cfg.model.d_model)  # 8 key/value heads
+    assert ("head.weight" in dict(model.named_parameters())) == (name == "llama3-8b")  # only 8B is untied
+
+
+def test_llama_tiny_is_a_small_grouped_query_model():
+    cfg = compose_config(["model=llama-tiny"])
+    with torch.device("meta"):
+        model = build_model(cfg.model)
+    assert model.num_params() == 771_200
+    assert ffn_dim(cfg.model) == 352  # int(2 x 4 x 128 / 3) = 341, rounded up to multiple_of 32
+    assert model.layers["0"].attn.k.weight.shape == (2 * 32, 128)

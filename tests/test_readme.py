@@ -39,6 +39,8 @@ def test_readme_override_examples_resolve(tmp_path):
     commands = readme_commands("llmtrain launch ")
     assert len(commands) >= 5
     for command in commands:
+        if "model.init_from=" in command:
+            continue  # needs a Hugging Face folder: test_pretrained.py runs it against one
         args = [a.replace("~/", f"{home}/") for a in shlex.split(command)[1:] if a != "--dry-run"]
         # The examples are for GPU nodes: a dry run on this machine would refuse their plans' memory.
         args.append("launch.max_memory_ratio=null")

@@ -14,8 +14,8 @@ def add_export_arguments(parser: argparse.ArgumentParser) -> None:
                              "run directory: its newest complete checkpoint")
     parser.add_argument("--format", required=True, choices=FORMATS, dest="format",
                         help="safetensors: model.safetensors with llmtrain names + config.yaml; "
-                             "hf: a Hugging Face GPT-2 folder (config.json + model.safetensors) that "
-                             "transformers.GPT2LMHeadModel.from_pretrained loads")
+                             "hf: a Hugging Face folder (config.json + model.safetensors) that transformers' "
+                             "GPT2LMHeadModel (model.arch=gpt2) or LlamaForCausalLM (llama) loads")
     parser.add_argument("--out", required=True, metavar="DIR",
                         help="folder to create (must not exist, or be empty)")
 
@@ -31,7 +31,6 @@ def run_export(args: argparse.Namespace) -> int:
     from llmtrain.checkpoint.export import export_checkpoint
 
     summary = export_checkpoint(ckpt, args.format, args.out)
-    kind = "Hugging Face GPT-2 folder" if summary["format"] == "hf" else "llmtrain safetensors"
-    print(f"exported {ckpt} as {kind} to {summary['out']} ({', '.join(summary['files'])}): "
+    print(f"exported {ckpt} as {summary['kind']} to {summary['out']} ({', '.join(summary['files'])}): "
           f"{summary['num_params']:,} parameters")
     return 0

@@ -16,7 +16,7 @@ import time
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.tensor import DTensor
@@ -207,7 +207,8 @@ class CheckpointManager:
                                          "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
                                          # training time of the whole run up to this step, over every launch
                                          "elapsed_s": round(elapsed, 3),
-                                         "model": {k: self.cfg.model[k] for k in self.cfg.model}})
+                                         # plain values: model.rope_scaling is a section of its own
+                                         "model": OmegaConf.to_container(self.cfg.model, resolve=True)})
             size = sum(v["bytes"] for v in store.read_meta(final)["files"].values())
             removed = store.prune(self.run_dir, self.cfg.checkpoint.keep, protect=final)
             self.log(f"llmtrain: saved checkpoint step {step} -> {final} ({size / 2**20:.1f} MiB, "

@@ -28,18 +28,26 @@ def as_one_module(parts: list[nn.Module]) -> nn.Module:
     return whole
 
 
-def to_saved(live: dict) -> dict:
-    """The head (tied to the token embedding, or on a last pipeline stage a copy kept equal to it) is saved once,
-    under the embedding's name, so a checkpoint looks the same whichever stages a rank held."""
+def ties_head(parts: list[nn.Module]) -> bool:
+    """Whether the model's head is its token embedding (GPT-2, a tied Llama) rather than a weight of its own."""
+    return parts[0].args.tie_embeddings
+
+
+def to_saved(live: dict, tied: bool = True) -> dict:
+    """A tied head (the token embedding, or on a last pipeline stage a copy kept equal to it) is saved once, under
+    the embedding's name, so a checkpoint looks the same whichever stages a rank held. An untied head is a
+    parameter like any other."""
+    if not tied:
+        return live
     saved = {name: value for name, value in live.items() if name != TIED_COPY}
     if TIED_COPY in live:
         saved.setdefault(TIED_SOURCE, live[TIED_COPY])
     return saved
 
 
-def from_saved(saved: dict, live: dict, copy=lambda value: value) -> dict:
-    """to_saved's reverse for this rank's entries `live`: the head takes the embedding's entry (its own `copy`)."""
-    if TIED_COPY in live:
+def from_saved(saved: dict, live: dict, copy=lambda value: value, tied: bool = True) -> dict:
+    """to_saved's reverse for this rank's entries `live`: a tied head takes the embedding's entry (its own `copy`)."""
+    if tied and TIED_COPY in live:
         saved = dict(saved, **{TIED_COPY: copy(saved[TIED_SOURCE])})
         if TIED_SOURCE not in live:
             del saved[TIED_SOURCE]
@@ -48,14 +56,14 @@ def from_saved(saved: dict, live: dict, copy=lambda value: value) -> dict:
 
 class ModelState(Stateful):
     def __init__(self, parts: list[nn.Module]):
-        self.module = as_one_module(parts)
+        self.module, self.tied = as_one_module(parts), ties_head(parts)
 
     def state_dict(self) -> dict:
-        return to_saved(plain_weights(dsd.get_model_state_dict(self.module, options=SHARDED)))
+        return to_saved(plain_weights(dsd.get_model_state_dict(self.module, options=SHARDED)), self.tied)
 
     def load_state_dict(self, state: dict) -> None:
         live = dsd.get_model_state_dict(self.module, options=SHARDED)
-        dsd.set_model_state_dict(self.module, from_saved(state, live), options=SHARDED)
+        dsd.set_model_state_dict(self.module, from_saved(state, live, tied=self.tied), options=SHARDED)
 
 
 class OptimizerState(Stateful):
@@ -64,6 +72,7 @@ class OptimizerState(Stateful):
 
     def __init__(self, parts: list[nn.Module], optimizer: torch.optim.Optimizer, for_load: bool = False):
         self.parts, self.module, self.optimizer = parts, as_one_module(parts), optimizer
+        self.tied = ties_head(parts)
         if for_load:
             _create_state(optimizer)
 
@@ -77,11 +86,12 @@ class OptimizerState(Stateful):
     def state_dict(self) -> dict:
         if not self.optimizer.state:
             return {}  # every step so far was skipped (fp16 overflow): get_optimizer_state_dict would take one
-        return to_saved(self._live()["state"])
+        return to_saved(self._live()["state"], self.tied)
 
     def load_state_dict(self, state: dict) -> None:
         live = self._live()
-        state = from_saved(state, live["state"], lambda fields: {k: v.clone() for k, v in fields.items()})
+        state = from_saved(state, live["state"], lambda fields: {k: v.clone() for k, v in fields.items()},
+                           self.tied)
         dsd.set_optimizer_state_dict(self.module, self.optimizer, {"state": state,
                                                                    "param_groups": live["param_groups"]},
                                      options=SHARDED)

@@ -15,6 +15,33 @@ def padded_vocab_size(model_cfg) -> int:
     return -(-model_cfg.vocab_size // m) * m
 
 
+def head_dim(model_cfg) -> int:
+    """Width of one attention head: model.head_dim, else d_model / n_heads."""
+    return model_cfg.head_dim or model_cfg.d_model // model_cfg.n_heads
+
+
+def kv_heads(model_cfg) -> int:
+    """Key/value heads: model.n_kv_heads for llama (null = n_heads); gpt2 has one per query head."""
+    if model_cfg.arch == "llama" and model_cfg.n_kv_heads is not None:
+        return model_cfg.n_kv_heads
+    return model_cfg.n_heads
+
+
+def ffn_dim(model_cfg) -> int:
+    """Hidden width of the MLP: model.ffn_dim, else gpt2's 4 x d_model or Llama's SwiGLU sizing (2/3 of 4 x d_model,
+    times ffn_dim_multiplier, rounded up to multiple_of), which keeps its three matrices near two of 4 x d_model."""
+    if model_cfg.ffn_dim is not None:
+        return model_cfg.ffn_dim
+    hidden = 4 * model_cfg.d_model
+    if model_cfg.arch != "llama":
+        return hidden
+    hidden = int(2 * hidden / 3)
+    if model_cfg.ffn_dim_multiplier is not None:
+        hidden = int(model_cfg.ffn_dim_multiplier * hidden)
+    m = model_cfg.multiple_of
+    return m * ((hidden + m - 1) // m)
+
+
 def world_size(cfg) -> int:
     return cfg.cluster.nnodes * cfg.cluster.nproc_per_node
 

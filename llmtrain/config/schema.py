@@ -30,8 +30,23 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclass
+class RopeScalingConfig:
+    """Llama 3.1's rotary frequency scaling (transformers' rope_type "llama3"): wavelengths longer than
+    original_max_position_embeddings / low_freq_factor are divided by factor, shorter than
+    original_max_position_embeddings / high_freq_factor kept, those between interpolated."""
+
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+
+@dataclass
 class ModelConfig:
     name: str = "gpt-tiny"
+    # gpt2: learned positions, LayerNorm, GELU MLP, biases, tied head. llama: rotary positions, RMSNorm, SwiGLU,
+    # grouped-query attention, no biases, tied or untied head.
+    arch: str = choice("gpt2", "gpt2", "llama")
     n_layers: int = 4
     n_heads: int = 4
     d_model: int = 128
@@ -43,9 +58,27 @@ class ModelConfig:
     seq_len: int = 128
     # Per-head width; null = d_model / n_heads. GPT-3 1.3B's table has 24 heads of 128 with d_model 2048.
     head_dim: Optional[int] = None
+    # Hidden width of the MLP; null = gpt2: 4 x d_model, llama: from ffn_dim_multiplier and multiple_of
+    # (config/derived.py).
+    ffn_dim: Optional[int] = None
+    # Epsilon of the LayerNorms (gpt2) or RMSNorms (llama).
+    norm_eps: float = 1.0e-5
+    # gpt2 only (llama has no dropout).
     dropout: float = 0.0
+    # llama only. Key/value heads; null = n_heads, fewer = grouped-query attention (1 = multi-query).
+    n_kv_heads: Optional[int] = None
+    # llama only. Rotary base, and Llama 3.1's frequency scaling (null = none).
+    rope_theta: float = 10000.0
+    rope_scaling: Optional[RopeScalingConfig] = None
+    # llama only. Llama's MLP width when ffn_dim is null: int(2 x 4 x d_model / 3), times ffn_dim_multiplier when
+    # set, rounded up to a multiple of multiple_of.
+    ffn_dim_multiplier: Optional[float] = None
+    multiple_of: int = 256
+    # llama only (gpt2 always ties): the output head shares the token embedding's weight.
+    tie_embeddings: bool = True
     init_std: float = 0.02
-    # A Hugging Face GPT-2 folder or safetensors export to start from; null = random init.
+    # A Hugging Face GPT-2 or Llama folder, or an llmtrain safetensors export, to start from; null = random
+    # init (README: Hugging Face interop).
     init_from: Optional[str] = None
 
 

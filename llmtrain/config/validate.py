@@ -6,9 +6,9 @@ import dataclasses
 
 from omegaconf import DictConfig
 
-from llmtrain.config.derived import Derived, padded_vocab_size, world_size
+from llmtrain.config.derived import Derived, ffn_dim, head_dim, kv_heads, padded_vocab_size, world_size
 from llmtrain.config.errors import ConfigError
-from llmtrain.config.schema import SINGLE_STAGE_SCHEDULES, V_SHAPED_SCHEDULES, LLMTrainConfig
+from llmtrain.config.schema import SINGLE_STAGE_SCHEDULES, V_SHAPED_SCHEDULES, LLMTrainConfig, ModelConfig
 
 
 # apex amp's opt levels: their configs stay so that asking for them gets this answer instead of "no such option".
@@ -143,11 +143,52 @@ def _validate_model(cfg: DictConfig) -> None:
         _positive(cfg, "model.head_dim")
     _require(0.0 <= m.dropout < 1.0, "model.dropout", f"must be in [0, 1) (got {m.dropout})")
     _require(m.init_std > 0, "model.init_std", f"must be > 0 (got {m.init_std})")
+    _require(m.norm_eps > 0, "model.norm_eps", f"must be > 0 (got {m.norm_eps})")
+    if m.ffn_dim is not None:
+        _positive(cfg, "model.ffn_dim")
+    _validate_arch_keys(m)
+    if m.arch == "llama":
+        _validate_llama(cfg)
     if m.init_from:
         import os
 
         _require(os.path.exists(os.path.expanduser(m.init_from)), "model.init_from", f"no such file or folder: "
                                                                                    f"{m.init_from}")
+
+
+# Keys only one family reads: set to anything but the schema's default on the other family, they are refused.
+LLAMA_ONLY = ("n_kv_heads", "rope_theta", "rope_scaling", "ffn_dim_multiplier", "multiple_of", "tie_embeddings")
+GPT2_ONLY = ("dropout",)
+
+
+def _validate_arch_keys(m: DictConfig) -> None:
+    other, foreign = ("gpt2", GPT2_ONLY) if m.arch == "llama" else ("llama", LLAMA_ONLY)
+    for name in foreign:
+        default = ModelConfig.__dataclass_fields__[name].default
+        _require(m[name] == default, f"model.{name}",
+                 f"is a model.arch={other} setting and this model is model.arch={m.arch}; remove it (default "
+                 f"{default}) or set model.arch={other}")
+
+
+def _validate_llama(cfg: DictConfig) -> None:
+    m = cfg.model
+    if m.n_kv_heads is not None:
+        _positive(cfg, "model.n_kv_heads")
+        _require(m.n_heads % m.n_kv_heads == 0, "model.n_kv_heads",
+                 f"n_heads={m.n_heads} must be divisible by n_kv_heads={m.n_kv_heads}")
+    width = head_dim(m)
+    _require(width % 2 == 0, "model.head_dim",
+             f"rotary positions pair a head's dimensions, so the head width must be even (got {width}"
+             + ("" if m.head_dim else f" = d_model {m.d_model} / n_heads {m.n_heads}") + ")")
+    _positive(cfg, "model.rope_theta", "model.multiple_of")
+    if m.ffn_dim_multiplier is not None:
+        _positive(cfg, "model.ffn_dim_multiplier")
+    s = m.rope_scaling
+    if s is not None:
+        _positive(cfg, "model.rope_scaling.factor", "model.rope_scaling.low_freq_factor",
+                  "model.rope_scaling.original_max_position_embeddings")
+        _require(s.high_freq_factor > s.low_freq_factor, "model.rope_scaling.high_freq_factor",
+                 f"must exceed low_freq_factor={s.low_freq_factor} (got {s.high_freq_factor})")
 
 
 def _validate_parallel(cfg: DictConfig) -> None:
@@ -165,6 +206,11 @@ def _validate_parallel(cfg: DictConfig) -> None:
 
     _require(m.n_heads % p.tp == 0, "parallel.tp", f"tp={p.tp} must divide model.n_heads={m.n_heads}")
     _require(m.d_model % p.tp == 0, "parallel.tp", f"tp={p.tp} must divide model.d_model={m.d_model}")
+    kv = kv_heads(m)
+    _require(kv % p.tp == 0, "model.n_kv_heads",
+             f"{kv} kv heads cannot be split over parallel.tp={p.tp}; use a tp that divides n_kv_heads")
+    mlp = ffn_dim(m)
+    _require(mlp % p.tp == 0, "parallel.tp", f"tp={p.tp} must divide the MLP width {mlp} (model.ffn_dim)")
     padded = padded_vocab_size(m)
     _require(padded % p.tp == 0, "model.vocab_pad_multiple",
              f"the padded vocabulary ({m.vocab_size} rounded up to a multiple of {m.vocab_pad_multiple} = "

@@ -18,6 +18,8 @@ from .errors import DataError
 TOKEN_FORMAT = "llmtrain-tokens-v1"
 # Bytes per token of each on-disk dtype (little-endian unsigned integers).
 TOKEN_ITEMSIZE = {"uint16": 2, "uint32": 4}
+# Vocabulary sizes each dtype can hold (ids 0 .. limit - 1).
+TOKEN_ID_LIMIT = {"uint16": 2**16, "uint32": 2**32}
 DEFAULT_DTYPE = "uint16"
 
 
@@ -71,8 +73,9 @@ class TokenFile:
 def inspect_token_file(path: str, dtype: str | None = None) -> TokenFile:
     """Resolve the dtype (`dtype`, else the meta's, else uint16) and count the tokens.
 
-    Raises DataError for a missing file, an unreadable meta, a `dtype` the meta contradicts, a
-    size that is not a whole number of tokens, or a size that disagrees with the meta's count.
+    Raises DataError for a missing file, an unreadable meta, a `dtype` the meta contradicts or
+    whose ids cannot reach the meta's vocabulary, a size that is not a whole number of tokens, or
+    a size that disagrees with the meta's count.
     """
     path = os.path.abspath(os.path.expanduser(os.fspath(path)))
     if not os.path.isfile(path):
@@ -86,6 +89,16 @@ def inspect_token_file(path: str, dtype: str | None = None) -> TokenFile:
     elif meta_dtype is not None and dtype != meta_dtype:
         raise DataError(
             "data.dtype", f"is {dtype} but {meta_path(path)} says {meta_dtype}; set data.dtype={meta_dtype} (or null)"
+        )
+    vocab = meta.get("vocab_size") if meta else None
+    if vocab is not None and vocab > TOKEN_ID_LIMIT[dtype]:
+        # Llama 3's 128256 ids do not fit uint16: such a meta is wrong, or the ids lost their high bits.
+        key = "data.dtype" if meta_dtype is None else "data.path"
+        raise DataError(
+            key,
+            f"{path} is read as {dtype} but {meta_path(path)} says vocab_size {vocab}; {dtype} holds ids below "
+            f"{TOKEN_ID_LIMIT[dtype]}: prepare it again (`llmtrain data prepare` writes uint32 for a vocabulary "
+            "of 65536 ids or more)" + (" or set data.dtype=uint32" if meta_dtype is None else ""),
         )
     itemsize = TOKEN_ITEMSIZE[dtype]
     nbytes = os.path.getsize(path)
@@ -101,7 +114,6 @@ def inspect_token_file(path: str, dtype: str | None = None) -> TokenFile:
             f"{path} holds {num_tokens} {dtype} tokens but {meta_path(path)} says {meta['num_tokens']}; "
             "the file is truncated or was changed: prepare it again",
         )
-    vocab = meta.get("vocab_size") if meta else None
     return TokenFile(path, dtype, num_tokens, vocab)
 
 

@@ -64,6 +64,7 @@ def dry_run(cfg: DictConfig) -> int:
     backend = get_backend(cfg, run_dir)
     fit = check_memory_fit(cfg)
     check_tracker_stores(cfg)
+    check_init_from(cfg)
     console.rule("resolved config")
     console.print(to_yaml(cfg), markup=False, highlight=False)
     console.print(layout_table(cfg))
@@ -92,6 +93,15 @@ def prepare_run_dir(cfg: DictConfig) -> str:
             os.remove(tmp)
         raise
     return run_dir
+
+
+def check_init_from(cfg: DictConfig) -> None:
+    """model.init_from's tensors against the model the config builds, from the files' headers (no tensor data):
+    a wrong folder is one line naming the tensor, the file and both shapes, before any worker starts."""
+    if cfg.model.init_from:
+        from llmtrain.checkpoint.pretrained import inspect_pretrained
+
+        inspect_pretrained(cfg.model.init_from, cfg.model)
 
 
 def prepare_data(cfg: DictConfig) -> None:
@@ -140,6 +150,7 @@ def launch(cfg: DictConfig) -> int:
     backend = get_backend(cfg, run_dir)
     backend.check_ready()  # missing tools or devices: refused before anything is written
     check_tracker_stores(cfg)  # a store that would stall rank 0's start-up, as well
+    check_init_from(cfg)
     existed = os.path.isdir(run_dir)
     lock = RunDirLock(run_dir)
     try:

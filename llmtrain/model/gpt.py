@@ -26,18 +26,25 @@ class GPTArgs:
     seq_len: int
     head_dim: int | None = None  # None = d_model // n_heads
     dropout: float = 0.0
+    ffn_dim: int | None = None  # None = 4 * d_model
+    norm_eps: float = 1e-5
+    tie_embeddings = True  # GPT-2 always ties its head to the token embedding
 
     @property
     def attn_dim(self) -> int:
         return self.n_heads * (self.head_dim or self.d_model // self.n_heads)
 
+    @property
+    def mlp_dim(self) -> int:
+        return self.ffn_dim or 4 * self.d_model
+
     @classmethod
     def from_config(cls, model_cfg) -> "GPTArgs":
-        from llmtrain.config.derived import padded_vocab_size
+        from llmtrain.config.derived import ffn_dim, padded_vocab_size
 
         return cls(n_layers=model_cfg.n_layers, n_heads=model_cfg.n_heads, d_model=model_cfg.d_model,
                    vocab_size=padded_vocab_size(model_cfg), seq_len=model_cfg.seq_len, head_dim=model_cfg.head_dim,
-                   dropout=model_cfg.dropout)
+                   dropout=model_cfg.dropout, ffn_dim=ffn_dim(model_cfg), norm_eps=model_cfg.norm_eps)
 
 
 class Attention(nn.Module):
@@ -66,8 +73,8 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, args: GPTArgs):
         super().__init__()
-        self.fc = nn.Linear(args.d_model, 4 * args.d_model)
-        self.proj = nn.Linear(4 * args.d_model, args.d_model)
+        self.fc = nn.Linear(args.d_model, args.mlp_dim)
+        self.proj = nn.Linear(args.mlp_dim, args.d_model)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.proj(F.gelu(self.fc(x), approximate="tanh"))
@@ -76,9 +83,9 @@ class MLP(nn.Module):
 class Block(nn.Module):
     def __init__(self, args: GPTArgs):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(args.d_model)
+        self.ln_1 = nn.LayerNorm(args.d_model, eps=args.norm_eps)
         self.attn = Attention(args)
-        self.ln_2 = nn.LayerNorm(args.d_model)
+        self.ln_2 = nn.LayerNorm(args.d_model, eps=args.norm_eps)
         self.mlp = MLP(args)
         self.drop = nn.Dropout(args.dropout)
 
@@ -107,7 +114,7 @@ class GPT(nn.Module):
         self.args = args
         self.embed: Embedding | None = Embedding(args)
         self.layers = nn.ModuleDict({str(i): Block(args) for i in range(args.n_layers)})
-        self.norm: nn.LayerNorm | None = nn.LayerNorm(args.d_model)
+        self.norm: nn.LayerNorm | None = nn.LayerNorm(args.d_model, eps=args.norm_eps)
         self.head: nn.Linear | None = nn.Linear(args.d_model, args.vocab_size, bias=False)
         self.tie_weights()
 

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Mapping
 
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
+
+from llmtrain.model.llama import Rotary
 
 # Residual output projections get std / sqrt(2 * n_layers) (GPT-2 paper, section 2.3).
 _RESIDUAL_PROJECTIONS = ("attn.proj.weight", "mlp.proj.weight")
@@ -24,10 +27,10 @@ def stable_seed(seed: int, name: str) -> int:
 
 
 def full_init_value(name: str, shape: torch.Size, seed: int, std: float, n_layers: int) -> torch.Tensor:
-    """The full fp32 value of parameter `name` (GPT-2 init); a pure function of its arguments."""
+    """The full fp32 value of parameter `name` (GPT-2 init, for Llama too); a pure function of its arguments."""
     if name.endswith(".bias"):
         return torch.zeros(shape)
-    if ".ln_" in name or name.startswith("norm."):
+    if ".ln_" in name or name.startswith("norm."):  # LayerNorm and RMSNorm gains
         return torch.ones(shape)
     if name.endswith(_RESIDUAL_PROJECTIONS):
         std = std / math.sqrt(2 * n_layers)
@@ -37,13 +40,15 @@ def full_init_value(name: str, shape: torch.Size, seed: int, std: float, n_layer
 
 @torch.no_grad()
 def init_parameters(model: nn.Module, seed: int, std: float, n_layers: int,
-                    pretrained: dict[str, torch.Tensor] | None = None) -> None:
+                    pretrained: Mapping[str, torch.Tensor] | None = None) -> None:
     """Fill every parameter of `model` (plain or DTensor, already on its device) with its layout-free value:
-    the `pretrained` full tensor of that name when given (model.init_from), else the seeded GPT-2 init."""
+    the `pretrained` full tensor of that name when given (model.init_from), else the seeded GPT-2 init; and
+    recompute the buffers (rotary frequencies) that materializing a meta-device model left uninitialized."""
+    tied = model.args.tie_embeddings
     for name, param in model.named_parameters():
         name = name.replace("_checkpoint_wrapped_module.", "")
-        # A pipeline's last stage holds its own copy of the tied head: same value as the embedding.
-        name = "embed.tok.weight" if name == "head.weight" else name
+        # A pipeline's last stage holds its own copy of a tied head: same value as the embedding.
+        name = "embed.tok.weight" if tied and name == "head.weight" else name
         if pretrained is not None:
             full = pretrained[name].to(torch.float32)
         else:
@@ -54,3 +59,6 @@ def init_parameters(model: nn.Module, seed: int, std: float, n_layers: int,
             param.to_local().copy_(local)
         else:
             param.copy_(full)
+    for module in model.modules():
+        if isinstance(module, Rotary):
+            module.reset()

@@ -1,4 +1,4 @@
-"""Build this rank's share of the model: meta-device GPT -> pipeline split -> float8 layers (precision=fp8) ->
+"""Build this rank's share of the model: meta-device GPT or Llama -> pipeline split -> float8 layers (precision=fp8) ->
 tensor parallel -> recompute -> compile -> FSDP2 -> materialize on the device -> layout-independent init
 (torchtitan's order: float8 before TP, TP before FSDP, init after sharding)."""
 
@@ -16,7 +16,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
 from llmtrain.config.derived import Derived, torch_dtype
-from llmtrain.model import GPT, GPTArgs, init_parameters
+from llmtrain.model import build_model, init_parameters
 from llmtrain.parallel import pipeline as pp_lib
 from llmtrain.parallel.data_parallel import apply_data_parallel
 from llmtrain.parallel.float8 import Float8Training
@@ -44,6 +44,7 @@ class ParallelModel:
         self.tied_group = tied_group
         self.pipeline_loss_scale = 1.0
         self.float8 = float8  # precision=fp8's float8 layers
+        self.init_from_note: str | None = None  # what model.init_from loaded, for rank 0's log
         self.has_first_stage = num_stages == 1 or 0 in self.stage_ids
         self.has_last_stage = num_stages == 1 or (num_stages - 1) in self.stage_ids
         # Captured once, now, while FSDP2 has its sharded parameters registered: after a no-grad forward
@@ -121,18 +122,18 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 def build_parallel_model(cfg: DictConfig, dims: ParallelDims, mesh: Meshes, device: torch.device) -> ParallelModel:
-    args = GPTArgs.from_config(cfg.model)
     with torch.device("meta"):
-        whole = GPT(args)
+        whole = build_model(cfg.model)
     pp = cfg.parallel
     param_dtype = torch_dtype(cfg.precision.compute_dtype)
     param_dtype = None if param_dtype == torch.float32 else param_dtype
     reduce_dtype = torch_dtype(cfg.precision.reduce_dtype)
-    pretrained = None
+    pretrained, pretrained_note = None, None
     if cfg.model.init_from:
-        from llmtrain.checkpoint.export import load_pretrained
+        from llmtrain.checkpoint.pretrained import inspect_pretrained
 
-        pretrained = load_pretrained(cfg.model.init_from, cfg.model)
+        source = inspect_pretrained(cfg.model.init_from, cfg.model)
+        pretrained, pretrained_note = source, source.describe()  # tensors read one at a time by init_parameters
 
     float8 = Float8Training.from_config(cfg, dims)
     float8_styles = float8 is not None and float8.tensor_parallel_styles
@@ -157,7 +158,9 @@ def build_parallel_model(cfg: DictConfig, dims: ParallelDims, mesh: Meshes, devi
         return part
 
     if dims.pp == 1:
-        return ParallelModel([finish(whole)], dims, float8=float8)
+        model = ParallelModel([finish(whole)], dims, float8=float8)
+        model.init_from_note = pretrained_note
+        return model
 
     num_stages = dims.pp * pp.virtual_stages
     counts = pp_lib.layers_per_stage(cfg.model.n_layers, num_stages, pp.pp_layers)
@@ -166,7 +169,9 @@ def build_parallel_model(cfg: DictConfig, dims: ParallelDims, mesh: Meshes, devi
     ids = pp_lib.stage_ids(pp_rank, dims.pp, pp.virtual_stages, pp.pp_schedule)
     parts = [finish(pp_lib.make_stage_module(whole, s, counts)) for s in ids]
     stages = [PipelineStage(part, s, num_stages, device, group=pp_group) for part, s in zip(parts, ids)]
-    model = ParallelModel(parts, dims, None, ids, num_stages, _tied_group(mesh, dims, pp), float8)
+    tied_group = _tied_group(mesh, dims, pp) if whole.args.tie_embeddings else None
+    model = ParallelModel(parts, dims, None, ids, num_stages, tied_group, float8)
+    model.init_from_note = pretrained_note
 
     def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())

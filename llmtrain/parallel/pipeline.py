@@ -1,6 +1,6 @@
 """Pipeline parallel with torch.distributed.pipelining: split the model by layers into stages, keep parameter names.
 
-Each stage is a copy of the GPT that keeps only its layers (ModuleDict keys are global layer indices, so names
+Each stage is a copy of the model (GPT or Llama) that keeps only its layers (ModuleDict keys are global layer indices, so names
 like layers.7.mlp.fc.weight are the same in every layout); the first stage keeps the embedding, the last the final
 norm and head. Looped schedules place stage s on pp rank s % pp; V-shaped ones (zbv, dualpipe_v) place stages
 r and S-1-r on rank r.
@@ -22,7 +22,6 @@ from torch.distributed.pipelining.schedules import (
     ScheduleZBVZeroBubble,
 )
 
-from llmtrain.model.gpt import GPT
 from llmtrain.parallel.layout import layers_per_stage, stage_ids, stage_owner  # noqa: F401 (re-exported)
 
 SCHEDULES = {
@@ -36,7 +35,7 @@ SCHEDULES = {
 }
 
 
-def make_stage_module(model: GPT, stage: int, layer_counts: list[int]) -> GPT:
+def make_stage_module(model: nn.Module, stage: int, layer_counts: list[int]) -> nn.Module:
     """A copy of `model` (meta device: free) holding only stage `stage`'s part."""
     part = copy.deepcopy(model)
     start = sum(layer_counts[:stage])
@@ -50,7 +49,7 @@ def make_stage_module(model: GPT, stage: int, layer_counts: list[int]) -> GPT:
     if not last:
         part.norm = None
         part.head = None
-    elif stage != 0:
+    elif stage != 0 and model.args.tie_embeddings:
         # The head's weight is tied to the embedding on stage 0: give this stage its own copy (same init,
         # gradients summed across the two holders every step; see ParallelModel.sync_tied_weights).
         part.head = nn.Linear(model.args.d_model, model.args.vocab_size, bias=False, device="meta")

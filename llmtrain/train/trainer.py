@@ -400,6 +400,8 @@ class Trainer:
                  f"{m.seq_len} tokens ({self.accum} micro-batches of {t.micro_batch_size} per dp rank)", flush=True)
         if self.model.float8 is not None:
             self.log(f"llmtrain: {self.model.float8.describe(self.cfg.train.compile)}", flush=True)
+        if self.model.init_from_note and self.step == 0:  # a resumed run continues from its checkpoint instead
+            self.log(f"llmtrain: {self.model.init_from_note}", flush=True)
         padded = Derived.of(self.cfg).padded_vocab
         if padded != m.vocab_size:
             self.log(f"llmtrain: vocabulary padded {m.vocab_size} -> {padded} rows "
