@@ -307,6 +307,8 @@ def _validate_cluster(cfg: DictConfig) -> None:
     _require(cfg.launch.rendezvous_timeout_s > 0, "launch.rendezvous_timeout_s",
              f"must be > 0 (got {cfg.launch.rendezvous_timeout_s})")
     _require(cfg.checkpoint.interval >= 0, "checkpoint.interval", f"must be >= 0 (got {cfg.checkpoint.interval})")
+    _require(cfg.checkpoint.interval_minutes >= 0, "checkpoint.interval_minutes",
+             f"must be >= 0 (got {cfg.checkpoint.interval_minutes}); 0 saves by step count only")
     _require(cfg.checkpoint.keep >= 1, "checkpoint.keep", f"must be >= 1 (got {cfg.checkpoint.keep})")
     if c.name == "ssh":
         from llmtrain.launch.hostfile import cluster_hosts
