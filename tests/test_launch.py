@@ -124,6 +124,45 @@ def test_crashed_rank_is_named_and_its_periodic_checkpoint_resumed(crashed, tmp_
     assert sorted(train_losses(again))[-2:] == [newest + 1, newest + 2]
 
 
+def _snapshot(run_dir: Path) -> dict:
+    return {str(p.relative_to(run_dir)): (p.stat().st_size, p.stat().st_mtime_ns) for p in run_dir.rglob("*")
+            if p.is_file()}
+
+
+def test_replaced_data_is_refused_before_any_worker_and_overwrite_starts_afresh(crashed, tmp_path):
+    """A token file and its .json replaced by another consistent pair: the next launch refuses in one line naming
+    data.path and what changed (exit 2, nothing written); resumed into another run.dir it goes on, listing the
+    change; run.overwrite=true moves the earlier run aside and starts afresh."""
+    from llmtrain.data import prepare_corpus
+
+    run_dir, data = tmp_path / "run", tmp_path / "tokens.bin"
+    shutil.copytree(crashed["run"], run_dir)
+    shutil.copy(crashed["data"], data)  # the same data under another path: the same data
+    shutil.copy(str(crashed["data"]) + ".json", str(data) + ".json")
+    overrides = [o for o in crashed["overrides"] if not o.startswith("data.path=")] + [f"data.path={data}"]
+    prepare_corpus([str(REPO / "tests")], str(data), include=["*.py"])  # another consistent pair
+    before = _snapshot(run_dir)
+    result = run_cli(["launch", f"run.dir={run_dir}", *overrides, "train.stop_at_step=2"])
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stdout[-2000:] + result.stderr
+    assert result.stderr.startswith(f"llmtrain: error: run.dir: other data (data.path {data}: size ")
+    assert f"its meta {data}.json changed, its sampled blocks differ" in result.stderr
+    assert "would start a new run" in result.stderr and "run.overwrite=true" in result.stderr
+    assert _snapshot(run_dir) == before and not worker_processes(run_dir)  # no worker started, nothing written
+    # Its weights go on training on the new data when resumed on purpose into another run directory.
+    newest = _complete_checkpoints(run_dir)[-1]
+    step = int(newest.name[5:])
+    elsewhere = tmp_path / "elsewhere"
+    result = run_cli(["launch", f"run.dir={elsewhere}", *overrides, f"checkpoint.resume={newest}",
+                      f"train.stop_at_step={step + 1}"])
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert f"  data.path: other data than the checkpoint's: {data}: size " in result.stdout
+    assert sorted(train_losses(elsewhere)) == [step + 1]
+    result = run_cli(["launch", f"run.dir={run_dir}", *overrides, "train.stop_at_step=2", "run.overwrite=true"])
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert "run.overwrite=true: moved the earlier run" in result.stdout
+    assert sorted(train_losses(run_dir)) == [1, 2]  # a new run on the new data
+
+
 @pytest.mark.parametrize("sig,code,said", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "preempted")])
 def test_interrupt_stops_every_process(tmp_path, sig, code, said):
     """Ctrl-C stops at once; SIGTERM (preemption) checkpoints first; either way nothing is left running."""
