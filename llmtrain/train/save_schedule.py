@@ -21,8 +21,8 @@ class SaveSchedule:
         self.since = clock()
 
     def restart_clock(self) -> None:
-        """At the start of training and at every save (also one refused for a non-finite state: the next try is
-        a whole interval later, not every step)."""
+        """At the start of training and after every save (also one refused for a non-finite state: the next try
+        is a whole interval later, not every step)."""
         self.since = self.clock()
 
     def time_vote(self) -> bool:

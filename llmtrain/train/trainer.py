@@ -461,15 +461,15 @@ class Trainer:
     def save_checkpoint(self, asynchronous: bool) -> bool:
         """Save unless the state may be poisoned: never after a non-finite step (the streak may not be over),
         never with non-finite parameters. Every rank takes the same decision. Returns whether it saved."""
-        self.save_schedule.restart_clock()
         why = self._unsafe_to_save()
         if why:
             good = self.ckpt.last_good
             where = f"the last good checkpoint is {good[0]}" if good else "this run has no earlier checkpoint"
             self.log(f"llmtrain: step {self.step}: not saving a checkpoint: {why} ({where})", flush=True)
-            return False
-        self.ckpt.save(self, asynchronous=asynchronous)
-        return True
+        else:
+            self.ckpt.save(self, asynchronous=asynchronous)
+        self.save_schedule.restart_clock()  # the next interval counts training time, not this save's
+        return not why
 
     def _unsafe_to_save(self) -> str | None:
         if self.bad_since is not None:  # the same on every rank: decided by the all-reduced flags
