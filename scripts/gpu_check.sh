@@ -1,30 +1,68 @@
 #!/usr/bin/env bash
-# One command that checks llmtrain on one GPU (sized to finish in under 8 minutes) and writes a summary table:
+# One command that checks llmtrain on one GPU and writes a summary table; by default sized to finish within an
+# 8-minute GPU loan (a deadline of 390 s from its start, leaving ~90 s for the machine's start and transfers):
 #
-#   scripts/gpu_check.sh [--cpu] [OUTDIR]      (OUTDIR default: $OUT/gpu_check when $OUT is set, else ./gpu_check)
+#   scripts/gpu_check.sh [--cpu] [--long] [--parts NAME[:SECONDS],...] [--deadline SECONDS] [OUTDIR]
 #
-# Parts (scripts/gpu_check_parts.py holds their logic): 1 smoke run; 2 gpt-1.3b bf16 tokens/s and MFU with the
-# defaults and with the fastest settings (`llmtrain plan --suggest`'s layout, fused AdamW, compile, a larger
-# micro-batch); 3 the same model in a plain PyTorch loop (scripts/plain_loop.py) and llmtrain / plain; 4 fp16 with
-# loss scaling; 5 peak memory with recompute none and full against `llmtrain plan`; 6 a checkpoint saved at step 3
-# and resumed to step 6 against an uninterrupted run; 7 what an async save blocks against a sync one; 8 apex's
-# FusedAdam when apex is importable (else SKIP); 9 fp8 against bf16, both compiled: tokens/s and the loss after 30
-# steps within 1% (SKIP without a GPU of compute capability 8.9+ or torchao). Each part runs under its own timeout,
-# so one failure does not hide the rest: a part that fails, crashes or times out shows FAIL with its log.
+# OUTDIR defaults to $OUT/gpu_check when $OUT is set, else ./gpu_check. Parts (scripts/gpu_check_parts.py holds
+# their logic and their time limits): 1 smoke run; 2 gpt-1.3b bf16 tokens/s and MFU with the defaults and with the
+# fastest settings (`llmtrain plan --suggest`'s layout, fused AdamW, compile, a larger micro-batch); 3 the same
+# model in a plain PyTorch loop (scripts/plain_loop.py) and llmtrain / plain; 4 fp16 with loss scaling; 5 peak
+# memory with recompute none and full against `llmtrain plan`; 6 a checkpoint saved at step 3 and resumed to step 6
+# against an uninterrupted run; 7 what an async save blocks against a sync one; 8 apex's FusedAdam when apex is
+# importable (else SKIP); 9 fp8 against bf16, both compiled: tokens/s and the loss after 30 steps within 1% (SKIP
+# without a GPU of compute capability 8.9+ or torchao).
 #
-# --cpu (or DEVICE=cpu) is the dry mode: every part's logic on CPU with tiny models and a few steps.
-# Without hydra-core/omegaconf installed, wheels in .gpu/*.whl are installed into /tmp/site (no index needed).
+# By default parts 1, 2, 5 and 6 run (`python3 scripts/gpu_check_parts.py plan` prints them with their limits);
+# --long runs all nine (with a deadline that fits them all), --parts the ones named, in that order (GPU_CHECK_PARTS
+# does the same), --deadline sets the deadline. Each part runs under its own time limit, so one failure does not
+# hide the rest: a part that fails, crashes or overruns its limit shows FAIL with its log. A part still running at
+# the deadline is stopped and shows TIMEOUT; a part that would start after it is not started and shows SKIP.
+# summary.md is written in any case, also when the script is interrupted.
+#
+# --cpu (or DEVICE=cpu) is the dry mode: every part's logic on CPU with tiny models and a few steps, with 3x the
+# time limits and deadline. Without hydra-core/omegaconf installed, wheels in .gpu/*.whl are installed into
+# /tmp/site (no index needed).
 set -u
+START=$(date +%s.%N)
 cd "$(dirname "$0")/.."
 
 DEVICE=${DEVICE:-cuda}
-if [ "${1:-}" = "--cpu" ]; then DEVICE=cpu; shift; fi
-if [ -n "${1:-}" ]; then OUTDIR=$1; elif [ -n "${OUT:-}" ]; then OUTDIR=$OUT/gpu_check; else OUTDIR=gpu_check; fi
+PLAN_ARGS=()
+OUTDIR=
+while [ $# -gt 0 ]; do
+  case $1 in
+    --cpu) DEVICE=cpu ;;
+    --long) PLAN_ARGS+=(--long) ;;
+    --parts|--deadline)
+      [ $# -ge 2 ] || { echo "gpu_check: $1 needs a value" >&2; exit 2; }
+      PLAN_ARGS+=("$1" "$2"); shift ;;
+    -*) echo "gpu_check: unknown option $1 (options: --cpu --long --parts --deadline)" >&2; exit 2 ;;
+    *) OUTDIR=$1 ;;
+  esac
+  shift
+done
+if [ -n "${GPU_CHECK_PARTS:-}" ]; then PLAN_ARGS+=(--parts "$GPU_CHECK_PARTS"); fi
+if [ -z "$OUTDIR" ]; then if [ -n "${OUT:-}" ]; then OUTDIR=$OUT/gpu_check; else OUTDIR=gpu_check; fi; fi
 mkdir -p "$OUTDIR/logs"
 OUTDIR=$(cd "$OUTDIR" && pwd)
 rm -rf "$OUTDIR/results"
 
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+finish() {
+  python3 scripts/gpu_check_parts.py summary --out "$OUTDIR"
+  echo "gpu_check: $(since) s; summary in $OUTDIR/summary.md, logs in $OUTDIR/logs/"
+}
+since() { awk -v a="$START" -v b="$(date +%s.%N)" 'BEGIN { printf "%.0f", b - a }'; }
+trap finish EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+PLAN=$(python3 scripts/gpu_check_parts.py plan --device "$DEVICE" ${PLAN_ARGS[@]+"${PLAN_ARGS[@]}"}) || exit 2
+DEADLINE=$(echo "$PLAN" | sed -n 1p)
+ENTRIES=$(echo "$PLAN" | sed -n 2p)
+echo "gpu_check: parts $ENTRIES (seconds each); deadline $DEADLINE s from the start"
+
 if ! python3 -c "import hydra, omegaconf" 2>/dev/null; then
   if ls .gpu/*.whl >/dev/null 2>&1; then
     echo "gpu_check: installing $(ls .gpu/*.whl | wc -l) wheel(s) from .gpu/ into /tmp/site"
@@ -35,29 +73,42 @@ if ! python3 -c "import hydra, omegaconf" 2>/dev/null; then
   fi
 fi
 
-# part name and its time limit in seconds (the compiled gpt-1.3b run starts in ~50 s); GPU_CHECK_PARTS runs a
-# subset, e.g. GPU_CHECK_PARTS="smoke:120 memory:150"
-PARTS=${GPU_CHECK_PARTS:-"smoke:120 throughput:300 plain:150 fp16:120 memory:150 resume:180 async_save:150 apex:120 fp8:330"}
-START=$(date +%s)
-for entry in $PARTS; do
-  part=${entry%%:*}
-  limit=${entry##*:}
-  log="$OUTDIR/logs/$part.log"
-  t0=$(date +%s)
-  timeout "$limit" python3 scripts/gpu_check_parts.py "$part" --out "$OUTDIR" --device "$DEVICE" --log "$log" \
-    >"$log" 2>&1
-  rc=$?
-  if [ ! -f "$OUTDIR/results/$part.json" ]; then  # died before writing its row
-    if [ "$rc" = 124 ]; then why="timed out after $limit s"; else why="exit $rc"; fi
-    python3 - "$OUTDIR" "$part" "$why" "$log" <<'EOF'
-import json, sys
+record() {  # part status detail log: the row of a part that wrote none itself
+  python3 - "$OUTDIR" "$@" <<'EOF'
+import sys
 from pathlib import Path
 sys.path.insert(0, "scripts")
 from gpu_check_parts import record
-record(Path(sys.argv[1]), sys.argv[2], "FAIL", sys.argv[3], sys.argv[4])
+record(Path(sys.argv[1]), *sys.argv[2:])
 EOF
+}
+
+for entry in $ENTRIES; do
+  part=${entry%%:*}
+  limit=${entry##*:}
+  log="$OUTDIR/logs/$part.log"
+  left=$(awk -v a="$START" -v b="$(date +%s.%N)" -v d="$DEADLINE" 'BEGIN { printf "%.1f", d - (b - a) }')
+  if awk -v l="$left" 'BEGIN { exit !(l <= 0) }'; then
+    record "$part" SKIP "not started: past the check's deadline of $DEADLINE s" ""
+    echo "gpu_check: $part skipped: past the deadline of $DEADLINE s"
+    continue
+  fi
+  cut=$(awk -v l="$left" -v m="$limit" 'BEGIN { print (l < m) ? l : "" }')  # the deadline comes first
+  t0=$(date +%s)
+  # -k: a launcher that is still checkpointing 10 s after SIGTERM is killed (its workers stop with it).
+  timeout -k 10 "${cut:-$limit}" python3 scripts/gpu_check_parts.py "$part" --out "$OUTDIR" --device "$DEVICE" \
+    --log "$log" >"$log" 2>&1
+  rc=$?
+  if [ ! -f "$OUTDIR/results/$part.json" ]; then  # died before writing its row
+    if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+      if [ -n "$cut" ]; then
+        record "$part" TIMEOUT "stopped at the check's deadline of $DEADLINE s, after running $cut s" "$log"
+      else
+        record "$part" FAIL "timed out after $limit s" "$log"
+      fi
+    else
+      record "$part" FAIL "exit $rc" "$log"
+    fi
   fi
   echo "gpu_check: $part done in $(( $(date +%s) - t0 )) s (exit $rc)"
 done
-python3 scripts/gpu_check_parts.py summary --out "$OUTDIR"
-echo "gpu_check: $(( $(date +%s) - START )) s; summary in $OUTDIR/summary.md, logs in $OUTDIR/logs/"

@@ -2,12 +2,15 @@
 
   python scripts/gpu_check_parts.py PART --out DIR [--device cuda|cpu] [--log FILE]
   python scripts/gpu_check_parts.py summary --out DIR
+  python scripts/gpu_check_parts.py plan [--long] [--parts LIST] [--deadline S] [--device cuda|cpu]
 
 A part runs its llmtrain launches (and scripts) as subprocesses, reads their figures from each run's
 metrics.jsonl and logs/rank0.status, and writes DIR/results/PART.json: {part, title, status (PASS, FAIL or
-SKIP), detail, log}. A part that dies or times out writes nothing; gpu_check.sh then records it as FAIL.
+SKIP), detail, log}. A part that dies or times out writes nothing; gpu_check.sh then records it as FAIL (TIMEOUT
+when the check's deadline stopped it).
 `--device cpu` is the dry mode: the same logic with tiny models and a few steps, so the script itself is tested
-without a GPU (its figures mean nothing).
+without a GPU (its figures mean nothing). `plan` prints what gpu_check.sh runs: the check's deadline (seconds from
+its start), then each part with its time limit.
 """
 
 from __future__ import annotations
@@ -35,6 +38,15 @@ TITLES = {
     "apex": "8 apex FusedAdam (optim.fused=apex)",
     "fp8": "9 fp8 (torchao float8) vs bf16, compiled",
 }
+# Each part's time limit on one H200, in seconds, its first compile included (estimates: not yet measured on a
+# GPU). The default parts and the script's own start-up fit DEADLINE_S: an 8-minute GPU loan less ~90 s for the
+# machine's start and the transfers. The other parts are opt-in (--long, --parts).
+BUDGET_S = {"smoke": 60, "throughput": 150, "memory": 60, "resume": 90, "plain": 150, "fp16": 120,
+            "async_save": 150, "apex": 120, "fp8": 330}
+DEFAULT_PARTS = ("smoke", "throughput", "memory", "resume")
+DEADLINE_S = 390
+LONG_SLACK_S = 30  # --long: the deadline is the sum of the limits plus this (start-up, summary)
+CPU_FACTOR = 3  # the dry mode's limits and deadline: 2 shared cores run the tiny models slower than a GPU
 PEAK_TOLERANCE = 0.10  # |predicted / measured - 1| for the memory part
 LOSS_TOLERANCE = 1e-3  # relative loss difference of runs that should agree (CUDA kernels may use atomics)
 MIN_PLAIN_RATIO = 0.95  # llmtrain tokens/s / plain loop tokens/s on a GPU
@@ -348,18 +360,52 @@ def record(out: Path, part: str, status: str, detail: str, log: str) -> None:
     (out / "results" / f"{part}.json").write_text(json.dumps(row) + "\n")
 
 
+def plan(parts: str | None, long: bool, deadline: float | None, device: str) -> tuple[float, list[tuple[str, float]]]:
+    """(the check's deadline in seconds from its start, [(part, time limit in seconds)] in order). `parts`: names,
+    each with an optional `:SECONDS`, separated by commas or spaces."""
+    factor = CPU_FACTOR if device == "cpu" else 1
+    chosen = []
+    for entry in (parts or " ".join(BUDGET_S if long else DEFAULT_PARTS)).replace(",", " ").split():
+        name, _, limit = entry.partition(":")
+        if name not in BUDGET_S:
+            raise SystemExit(f"gpu_check: unknown part {name!r} in --parts; the parts: {', '.join(BUDGET_S)}")
+        try:
+            chosen.append((name, float(limit) if limit else BUDGET_S[name] * factor))
+        except ValueError:
+            raise SystemExit(f"gpu_check: --parts {entry}: the time limit must be seconds") from None
+    if deadline is None:
+        deadline = sum(limit for _, limit in chosen) + LONG_SLACK_S * factor if long else DEADLINE_S * factor
+    return deadline, chosen
+
+
 def summary(out: Path) -> str:
-    """The table of every part's row, as markdown. gpu_check.sh writes a FAIL row for a part that died, so a
-    part without a row was not asked for (GPU_CHECK_PARTS)."""
+    """The table of every part's row, as markdown. gpu_check.sh writes a row for each part it ran or skipped, so a
+    part without a row was not asked for."""
     lines = ["| part | status | figures | log |", "|---|---|---|---|"]
     for part, title in TITLES.items():
         path = out / "results" / f"{part}.json"
-        row = json.loads(path.read_text()) if path.exists() else {"status": "NOT RUN", "detail": "", "log": ""}
+        row = json.loads(path.read_text()) if path.exists() else \
+            {"status": "NOT RUN", "detail": "not asked for (--long or --parts runs it)", "log": ""}
         lines.append(f"| {title} | {row['status']} | {row['detail']} | {row['log']} |")
     return "\n".join(lines) + "\n"
 
 
+def plan_main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="gpu_check_parts.py plan")
+    ap.add_argument("--long", action="store_true", help="every part, with a deadline that fits them all")
+    ap.add_argument("--parts", default=None, help="NAME[:SECONDS],... to run, in this order")
+    ap.add_argument("--deadline", type=float, default=None, help="seconds from the check's start")
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    a = ap.parse_args(argv)
+    deadline, chosen = plan(a.parts, a.long, a.deadline, a.device)
+    print(f"{deadline:g}")
+    print(" ".join(f"{name}:{limit:g}" for name, limit in chosen))
+    return 0
+
+
 def main() -> int:
+    if sys.argv[1:2] == ["plan"]:
+        return plan_main(sys.argv[2:])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("part", choices=[*PARTS, "summary"])
     ap.add_argument("--out", required=True, type=Path)

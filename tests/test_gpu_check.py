@@ -1,26 +1,32 @@
-"""scripts/gpu_check.sh without a GPU: its CPU dry mode runs every part's logic with tiny models."""
+"""scripts/gpu_check.sh without a GPU: its default parts fit its deadline, the deadline stops it cleanly (a part past
+it is skipped, a running one is stopped), and its CPU dry mode runs every part's logic with tiny models."""
 
 from __future__ import annotations
 
 import importlib.util
 import os
 import subprocess
+import time
 
 import pytest
-from conftest import REPO
+from conftest import REPO, wait_for, worker_processes
 
 
-def titles() -> dict:
+def parts_module():
     spec = importlib.util.spec_from_file_location("gpu_check_parts", REPO / "scripts" / "gpu_check_parts.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.TITLES
+    return module
 
 
-def run_check(out, parts: str | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
+def titles() -> dict:
+    return parts_module().TITLES
+
+
+def run_check(out, *args: str, parts: str | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
     env = dict(os.environ, **({"GPU_CHECK_PARTS": parts} if parts else {}))
-    return subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), "--cpu", str(out)], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), "--cpu", *args, str(out)], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def rows(out) -> dict[str, list[str]]:
@@ -30,6 +36,21 @@ def rows(out) -> dict[str, list[str]]:
         cells = [c.strip() for c in line.strip("|").split("|")]
         table[cells[0]] = cells[1:]
     return table
+
+
+def test_the_default_parts_fit_the_deadline_and_the_deadline_an_8_minute_loan():
+    m = parts_module()
+    assert sum(m.BUDGET_S[p] for p in m.DEFAULT_PARTS) <= m.DEADLINE_S <= 8 * 60 - 90
+    assert set(m.BUDGET_S) == set(m.TITLES) and "fp8" not in m.DEFAULT_PARTS  # the long parts are opt-in
+    # What gpu_check.sh runs is what `plan` prints: by default those parts, with those limits.
+    plan = subprocess.run(["python3", str(REPO / "scripts" / "gpu_check_parts.py"), "plan"], capture_output=True,
+                          text=True, check=True).stdout.splitlines()
+    assert plan == ["390", "smoke:60 throughput:150 memory:60 resume:90"]
+    deadline, chosen = m.plan(None, True, None, "cuda")
+    assert [p for p, _ in chosen] == list(m.BUDGET_S) and deadline >= sum(limit for _, limit in chosen)
+    assert m.plan("fp8,smoke:5", False, None, "cpu") == (390 * 3, [("fp8", 330 * 3), ("smoke", 5.0)])
+    with pytest.raises(SystemExit, match="unknown part 'fp9' in --parts"):
+        m.plan("fp9", False, None, "cuda")
 
 
 def test_a_part_that_times_out_is_a_fail_row_with_its_log(tmp_path):
@@ -42,13 +63,43 @@ def test_a_part_that_times_out_is_a_fail_row_with_its_log(tmp_path):
     assert status == "FAIL" and "timed out after 0.1 s" in figures and log == str(out / "logs" / "smoke.log")
     assert os.path.exists(log)
     assert table[t["fp8"]][0] == "SKIP"
-    assert table[t["memory"]][0] == "NOT RUN"
+    assert table[t["memory"]] == ["NOT RUN", "not asked for (--long or --parts runs it)", ""]
+
+
+def test_a_part_past_the_deadline_is_skipped_and_named(tmp_path):
+    out = tmp_path / "check"
+    result = run_check(out, "--parts", "smoke,fp8", "--deadline", "0", timeout=120)
+    assert result.returncode == 0, result.stderr
+    table, t = rows(out), titles()
+    for part in ("smoke", "fp8"):
+        assert table[t[part]] == ["SKIP", "not started: past the check's deadline of 0 s", ""], part
+    assert table[t["resume"]][0] == "NOT RUN" and (out / "summary.md").read_text() in result.stdout
+
+
+@pytest.mark.slow
+def test_a_running_part_is_stopped_at_the_deadline_and_the_summary_written(tmp_path):
+    out = tmp_path / "check"
+    start = time.monotonic()
+    result = run_check(out, "--parts", "resume,memory", "--deadline", "12", timeout=300)
+    took = time.monotonic() - start
+    assert result.returncode == 0, result.stderr
+    table, t = rows(out), titles()
+    status, figures, log = table[t["resume"]]
+    if "resume skipped" in result.stdout:  # the script's own start took the whole 12 s on a loaded machine
+        assert status == "SKIP"
+    else:  # resume's three launches take far longer than 12 s: stopped at the deadline, not at its own limit
+        assert status == "TIMEOUT" and figures.startswith("stopped at the check's deadline of 12 s, after running ")
+        assert log == str(out / "logs" / "resume.log")
+    assert table[t["memory"]] == ["SKIP", "not started: past the check's deadline of 12 s", ""]
+    assert took < 12 + 10 + 30, took  # the deadline, the launcher's 10 s to stop, the summary
+    runs = list((out / "runs").glob("*"))
+    assert wait_for(lambda: not any(worker_processes(run) for run in runs), timeout=30)  # nothing left running
 
 
 @pytest.mark.slow
 def test_dry_mode_runs_every_part_on_cpu(tmp_path):
     out = tmp_path / "check"
-    result = run_check(out)
+    result = run_check(out, "--long")
     assert result.returncode == 0, result.stderr
     assert (out / "summary.md").read_text() in result.stdout
     table, t = rows(out), titles()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import SMALL, launch, read_rows, run_cli, train_losses, wait_for, worker_processes
+from conftest import REPO, SMALL, launch, read_rows, run_cli, train_losses, wait_for, worker_processes
 
 pytestmark = pytest.mark.slow
 PARITY = SMALL + ["train.max_steps=10", "train.global_batch_size=8", "train.micro_batch_size=2"]
@@ -74,18 +75,38 @@ def _worker_of_rank(run_dir, rank: int):
     return None
 
 
-def test_crashed_rank_is_named_and_nothing_is_left(tmp_path):
-    run_dir = tmp_path / "run"
-    proc = _start_launch(run_dir, *SMALL, "train.max_steps=100000")
+def _complete_checkpoints(run_dir: Path) -> list[Path]:
+    return sorted(p for p in (run_dir / "checkpoints").glob("step-*")
+                  if not p.name.endswith(".tmp") and (p / "meta.json").is_file())
+
+
+@pytest.fixture(scope="module")
+def crashed(tmp_path_factory):
+    """A run on a token file, saving by time alone (checkpoint.interval_minutes=0.01, no step interval), whose
+    rank 1 is killed (kill -9) once two periodic checkpoints exist."""
+    from llmtrain.data import prepare_corpus
+
+    base = tmp_path_factory.mktemp("crashed")
+    data = base / "tokens.bin"
+    prepare_corpus([str(REPO / "llmtrain")], str(data), include=["*.py"])
+    run_dir = base / "run"
+    overrides = [*SMALL, "data=memmap", f"data.path={data}", "train.max_steps=100000",
+                 "checkpoint.interval_minutes=0.01"]
+    proc = _start_launch(run_dir, *overrides)
     try:
-        assert wait_for(lambda: read_rows(run_dir), timeout=120), "training never started"
+        assert wait_for(lambda: len(_complete_checkpoints(run_dir)) >= 2, timeout=180), "no periodic checkpoint"
         victim = _worker_of_rank(run_dir, 1)
         assert victim is not None
         victim.kill()  # SIGKILL: a rank dying without a word
         out, _ = proc.communicate(timeout=120)
     finally:
         proc.kill()
-    assert proc.returncode not in (0, None)
+    return {"run": run_dir, "data": data, "overrides": overrides, "out": out, "code": proc.returncode}
+
+
+def test_crashed_rank_is_named_and_its_periodic_checkpoint_resumed(crashed, tmp_path):
+    run_dir, out = crashed["run"], crashed["out"]
+    assert crashed["code"] not in (0, None)
     assert re.search(r"rank 1 \(node 0, host \S+, local rank 1\) failed", out), out[-2000:]
     lines = out.splitlines()
     named = next(i for i, line in enumerate(lines) if re.search(r"rank 1 \(.*\) failed", line))
@@ -93,6 +114,58 @@ def test_crashed_rank_is_named_and_nothing_is_left(tmp_path):
         assert lines[named + 1].startswith("  (its log is empty; last lines of rank 0's log, "), out[-2000:]
         assert lines[named + 2].startswith("  "), out[-2000:]
     assert wait_for(lambda: not worker_processes(run_dir), timeout=30), worker_processes(run_dir)
+    # Saved by time on the way (no step interval was set), and kept through the crash.
+    saved = {int(p.name[5:]) for p in _complete_checkpoints(run_dir)}
+    assert len(saved) == 2 and 0 < min(saved), saved
+    assert sum("saved checkpoint step" in line for line in (run_dir / "logs" / "rank0.log").open()) >= 2
+    # The next launch resumes from the newest of them.
+    again = tmp_path / "run"
+    shutil.copytree(run_dir, again)
+    newest = max(saved)
+    result = run_cli(["launch", f"run.dir={again}", *crashed["overrides"], f"train.stop_at_step={newest + 2}"])
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert f"resuming from {again / 'checkpoints' / f'step-{newest:07d}'}" in result.stdout.replace("\n", "")
+    assert f"at step {newest} " in (again / "logs" / "rank0.log").read_text()
+    assert sorted(train_losses(again))[-2:] == [newest + 1, newest + 2]
+
+
+def _snapshot(run_dir: Path) -> dict:
+    return {str(p.relative_to(run_dir)): (p.stat().st_size, p.stat().st_mtime_ns) for p in run_dir.rglob("*")
+            if p.is_file()}
+
+
+def test_replaced_data_is_refused_before_any_worker_and_overwrite_starts_afresh(crashed, tmp_path):
+    """A token file and its .json replaced by another consistent pair: the next launch refuses in one line naming
+    data.path and what changed (exit 2, nothing written); resumed into another run.dir it goes on, listing the
+    change; run.overwrite=true moves the earlier run aside and starts afresh."""
+    from llmtrain.data import prepare_corpus
+
+    run_dir, data = tmp_path / "run", tmp_path / "tokens.bin"
+    shutil.copytree(crashed["run"], run_dir)
+    shutil.copy(crashed["data"], data)  # the same data under another path: the same data
+    shutil.copy(str(crashed["data"]) + ".json", str(data) + ".json")
+    overrides = [o for o in crashed["overrides"] if not o.startswith("data.path=")] + [f"data.path={data}"]
+    prepare_corpus([str(REPO / "tests")], str(data), include=["*.py"])  # another consistent pair
+    before = _snapshot(run_dir)
+    result = run_cli(["launch", f"run.dir={run_dir}", *overrides, "train.stop_at_step=2"])
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stdout[-2000:] + result.stderr
+    assert result.stderr.startswith(f"llmtrain: error: run.dir: other data (data.path {data}: size ")
+    assert f"its meta {data}.json changed, its sampled blocks differ" in result.stderr
+    assert "would start a new run" in result.stderr and "run.overwrite=true" in result.stderr
+    assert _snapshot(run_dir) == before and not worker_processes(run_dir)  # no worker started, nothing written
+    # Its weights go on training on the new data when resumed on purpose into another run directory.
+    newest = _complete_checkpoints(run_dir)[-1]
+    step = int(newest.name[5:])
+    elsewhere = tmp_path / "elsewhere"
+    result = run_cli(["launch", f"run.dir={elsewhere}", *overrides, f"checkpoint.resume={newest}",
+                      f"train.stop_at_step={step + 1}"])
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert f"  data.path: other data than the checkpoint's: {data}: size " in result.stdout
+    assert sorted(train_losses(elsewhere)) == [step + 1]
+    result = run_cli(["launch", f"run.dir={run_dir}", *overrides, "train.stop_at_step=2", "run.overwrite=true"])
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert "run.overwrite=true: moved the earlier run" in result.stdout
+    assert sorted(train_losses(run_dir)) == [1, 2]  # a new run on the new data
 
 
 @pytest.mark.parametrize("sig,code,said", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "preempted")])

@@ -25,6 +25,7 @@ from llmtrain.checkpoint import store
 from llmtrain.checkpoint.state import ModelState, OptimizerState
 from llmtrain.config import to_yaml
 from llmtrain.config.derived import world_size
+from llmtrain.data.identity import data_identity
 
 
 def _layout(cfg: DictConfig) -> dict:
@@ -93,6 +94,8 @@ class CheckpointManager:
         self.staging = None  # the future of the background copy of an async save's state
         self.stager = None
         self.saved: tuple[str, int] | None = None  # (path, step) of the newest checkpoint loaded or saved
+        # What this launch trains on (rank 0 writes meta.json), recorded in every checkpoint for the next launch.
+        self.data = data_identity(cfg.data) if self.rank == 0 and cfg.get("data") is not None else None
         if self.rank == 0:
             self._remove_partials()
 
@@ -208,7 +211,8 @@ class CheckpointManager:
                                          # training time of the whole run up to this step, over every launch
                                          "elapsed_s": round(elapsed, 3),
                                          # plain values: model.rope_scaling is a section of its own
-                                         "model": OmegaConf.to_container(self.cfg.model, resolve=True)})
+                                         "model": OmegaConf.to_container(self.cfg.model, resolve=True),
+                                         "data": self.data})
             size = sum(v["bytes"] for v in store.read_meta(final)["files"].values())
             removed = store.prune(self.run_dir, self.cfg.checkpoint.keep, protect=final)
             self.log(f"llmtrain: saved checkpoint step {step} -> {final} ({size / 2**20:.1f} MiB, "

@@ -298,8 +298,11 @@ class RunConfig:
 
 @dataclass
 class CheckpointConfig:
-    # Steps between checkpoints; 0 = none on the way (see at_end).
+    # Steps between checkpoints; 0 = none by step count.
     interval: int = 0
+    # Minutes of training time between checkpoints (rank 0's clock), so a crash loses at most this much work;
+    # 0 = none by time. Both intervals apply; the last step's checkpoint is at_end's.
+    interval_minutes: float = 30.0
     # auto (newest complete checkpoint of run.dir, else fresh) | none | PATH of a checkpoint folder
     resume: str = "auto"
     # Newest complete checkpoints kept.

@@ -358,6 +358,8 @@ def _validate_cluster(cfg: DictConfig) -> None:
     ratio = cfg.launch.max_memory_ratio
     _require(ratio is None or ratio >= 1.0, "launch.max_memory_ratio", f"must be >= 1.0 or null (got {ratio})")
     _require(cfg.checkpoint.interval >= 0, "checkpoint.interval", f"must be >= 0 (got {cfg.checkpoint.interval})")
+    _require(cfg.checkpoint.interval_minutes >= 0, "checkpoint.interval_minutes",
+             f"must be >= 0 (got {cfg.checkpoint.interval_minutes}); 0 saves by step count only")
     _require(cfg.checkpoint.keep >= 1, "checkpoint.keep", f"must be >= 1 (got {cfg.checkpoint.keep})")
     if c.name == "ssh":
         from llmtrain.launch.hostfile import cluster_hosts

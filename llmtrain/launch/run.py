@@ -117,6 +117,7 @@ def check_resume(cfg: DictConfig, console: Console) -> str | None:
     from llmtrain.checkpoint import store
     from llmtrain.checkpoint.diff import check_resumable
     from llmtrain.config import load_run_config
+    from llmtrain.data.identity import data_changes
 
     run_dir = os.path.abspath(cfg.run.dir)
     path, ignored = store.resolve_resume(run_dir, cfg.checkpoint.resume)
@@ -141,6 +142,9 @@ def check_resume(cfg: DictConfig, console: Console) -> str | None:
                   markup=False, highlight=False)
     for key, before, after in diff:
         console.print(f"  {key}: {before} -> {after}", markup=False, highlight=False)
+    data = data_changes((store.read_meta(path) or {}).get("data"), cfg.data)
+    if data:  # allowed here: a checkpoint of another run directory (or an older one) resumed on purpose
+        console.print(f"  data.path: other data than the checkpoint's: {data}", markup=False, highlight=False)
     return path
 
 
@@ -160,9 +164,9 @@ def launch(cfg: DictConfig) -> int:
     try:
         if took_over:
             console.print(f"llmtrain: {took_over}", markup=False, highlight=False)
+        prepare_data(cfg)  # first: the resume check compares the data it builds with the checkpoint's
         # The workers start from the checkpoint chosen here, not from their own reading of checkpoint.resume.
         cfg.checkpoint.resume = check_resume(cfg, console) or "none"
-        prepare_data(cfg)
         try:
             prepare_run_dir(cfg)
         except OSError as e:

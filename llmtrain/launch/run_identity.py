@@ -1,7 +1,8 @@
 """A run directory holds one run. A launch that would start a different run in a used directory is refused, or,
 with run.overwrite=true, the earlier run is moved aside into RUN_DIR/previous/<time>/ (nothing is deleted).
 
-A different run: checkpoint.resume=none over existing checkpoints; resuming with another model shape or seed; a
+A different run: checkpoint.resume=none over existing checkpoints; resuming with another model shape or seed, or
+with other data than the checkpoint recorded (data/identity.py: a token file replaced in place included); a
 checkpoint of another run directory resumed into this one; or rolling back to a checkpoint older than the newest
 (the newer ones are what would be moved aside, since the run's later saves and pruning would mix with them).
 """
@@ -17,6 +18,7 @@ from omegaconf import DictConfig
 from llmtrain.checkpoint import store
 from llmtrain.checkpoint.diff import config_diff, shape_keys
 from llmtrain.config.errors import ConfigError
+from llmtrain.data.identity import data_changes
 
 PREVIOUS = "previous"
 # What a run leaves in its directory besides checkpoints; moved aside with them.
@@ -46,8 +48,11 @@ def conflict(cfg: DictConfig, run_dir: str, resume_path: str | None, old_cfg: Di
     if old_cfg is not None and resume_path == newest.path:
         identity = shape_keys(cfg) + ("train.seed",)
         changed = [(k, a, b) for k, a, b in config_diff(old_cfg, cfg) if k in identity]
-        if changed:
-            what = ", ".join(f"{k} {a} -> {b}" for k, a, b in changed)
+        what = ", ".join(f"{k} {a} -> {b}" for k, a, b in changed)
+        data = data_changes((store.read_meta(resume_path) or {}).get("data"), cfg.data)
+        if data:
+            what = (what + ", " if what else "") + f"other data (data.path {data})"
+        if what:
             return f"{what} would start a new run in {run_dir}, which holds the run saved in {newest.path}", every
     return "", []
 

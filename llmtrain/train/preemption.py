@@ -1,7 +1,8 @@
 """Preemption: SIGTERM or SIGUSR1 asks for a checkpoint at the next step boundary, then a clean exit.
 
 The handler only sets a flag; all ranks agree on it with one MAX all-reduce per step, so they checkpoint at the
-same step even when the signal reached them at different times (or only some of them).
+same step even when the signal reached them at different times (or only some of them). The same all-reduce carries
+rank 0's vote for a periodic save by time (save_schedule.py).
 """
 
 from __future__ import annotations
@@ -32,8 +33,10 @@ class PreemptionFlag:
     def _handle(self, signum, frame) -> None:
         self.requested = True
 
-    def agreed(self) -> bool:
-        flag = torch.tensor([1 if self.requested else 0], dtype=torch.int32)
+    def agreed(self, save_vote: bool = False) -> tuple[bool, bool]:
+        """(preemption requested on any rank, a save voted for by any rank)."""
+        flags = torch.tensor([int(self.requested), int(save_vote)], dtype=torch.int32)
         if dist.is_initialized() and dist.get_world_size() > 1:
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        preempt, save = flags.tolist()
+        return bool(preempt), bool(save)

@@ -28,6 +28,7 @@ from llmtrain.train.memory import PeakMemory, SavedActivations
 from llmtrain.train.fault_injection import gradient_fault
 from llmtrain.train.metrics import MetricsWriter
 from llmtrain.train.preemption import Preempted, PreemptionFlag
+from llmtrain.train.save_schedule import SaveSchedule
 from llmtrain.train.step_log import StepLog
 from llmtrain.train.trackers.fanout import open_trackers
 from llmtrain.train.optim import build_optimizer, lr_at, resolve_fused, set_lr
@@ -155,6 +156,7 @@ class Trainer:
         is_logger = self.rank == 0
         self.log = print if is_logger else (lambda *a, **k: None)
         self.preempt = PreemptionFlag()
+        self.save_schedule = SaveSchedule(cfg.checkpoint, self.rank)
         self.fault = gradient_fault(self.rank)
         self.ckpt = CheckpointManager(cfg, run_dir, self.log)
         self.resume()
@@ -360,6 +362,7 @@ class Trainer:
         last = min(t.max_steps, t.stop_at_step) if t.stop_at_step else t.max_steps
         first_step = self.step
         self.segment_start = time.perf_counter()
+        self.save_schedule.restart_clock()
         if first_step >= last:
             self.log(f"llmtrain: nothing to do: already at step {self.step} (train.max_steps={t.max_steps}"
                      + (f", train.stop_at_step={t.stop_at_step}" if t.stop_at_step else "") + ")", flush=True)
@@ -377,8 +380,10 @@ class Trainer:
             if t.eval_interval and t.eval_steps and (self.step % t.eval_interval == 0 or self.step == t.max_steps):
                 step_log.eval_done(self.step, self.evaluate())
             self.ckpt.poll()
-            self._stop_if_preempted()
-            self.maybe_save(last)
+            preempted, save_by_time = self.preempt.agreed(self.save_schedule.time_vote())
+            self._stop_if_preempted(preempted)
+            if self.save_schedule.due(self.step, last, save_by_time):
+                self.save_checkpoint(asynchronous=self.cfg.checkpoint.async_save)
         if self.cfg.checkpoint.at_end or self.step < t.max_steps:
             self.save_checkpoint(asynchronous=False)
         self.ckpt.wait()
@@ -421,18 +426,12 @@ class Trainer:
                      f"{peak / 2**20:.1f} MiB on rank 0", flush=True)
         return result, time.perf_counter() - start
 
-    def _stop_if_preempted(self) -> None:
-        if self.preempt.agreed():
+    def _stop_if_preempted(self, preempted: bool) -> None:
+        if preempted:
             self.log(f"llmtrain: preemption signal received at step {self.step}", flush=True)
             saved = self.save_checkpoint(asynchronous=False)
             self.metrics.close(status="preempted")
             raise Preempted(self.step, saved)
-
-    def maybe_save(self, last: int) -> None:
-        """A checkpoint every checkpoint.interval steps on the way (the last step's is saved after the loop)."""
-        interval = self.cfg.checkpoint.interval
-        if interval and self.step % interval == 0 and self.step < last:
-            self.save_checkpoint(asynchronous=self.cfg.checkpoint.async_save)
 
     def _close(self) -> None:
         self.peak_memory.close()
@@ -471,9 +470,10 @@ class Trainer:
             good = self.ckpt.last_good
             where = f"the last good checkpoint is {good[0]}" if good else "this run has no earlier checkpoint"
             self.log(f"llmtrain: step {self.step}: not saving a checkpoint: {why} ({where})", flush=True)
-            return False
-        self.ckpt.save(self, asynchronous=asynchronous)
-        return True
+        else:
+            self.ckpt.save(self, asynchronous=asynchronous)
+        self.save_schedule.restart_clock()  # the next interval counts training time, not this save's
+        return not why
 
     def _unsafe_to_save(self) -> str | None:
         if self.bad_since is not None:  # the same on every rank: decided by the all-reduced flags
