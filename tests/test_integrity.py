@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -108,8 +109,6 @@ def test_a_streak_open_at_the_end_skips_the_final_save(tmp_path):
 
 def _guard(last_good):
     """A Trainer reduced to what the non-finite guard reads."""
-    from types import SimpleNamespace
-
     from llmtrain.train.trainer import StepResult, Trainer
 
     trainer = Trainer.__new__(Trainer)
@@ -251,6 +250,7 @@ def test_a_corrupted_metrics_line_and_stale_partials_survive_a_resume(tmp_path):
 
 class _Model(torch.nn.Linear):
     num_stages = 1
+    args = SimpleNamespace(tie_embeddings=False)  # what ModelState reads of a model
 
 
 class _Trainer:
