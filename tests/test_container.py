@@ -13,6 +13,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -278,6 +279,30 @@ def test_dry_run_shows_the_container_commands(tmp_path, capsys):
     assert not (tmp_path / "run").exists()
 
 
+def test_a_container_without_cluster_python_runs_the_images_python(tmp_path, capsys):
+    """cluster.python unset: the image's `python` runs the node agent, torchrun and the workers in the container;
+    the end of the batch script keeps the launcher's own interpreter outside it; the dry run says so."""
+    image = ["cluster=slurm", "cluster.nnodes=1", "cluster.nproc_per_node=1", "data=synthetic",
+             "cluster.container.runtime=pyxis", "cluster.container.image=/images/pt.sqsh"]
+    script = SlurmBackend(cfg_of(*image, "cluster.workdir=/shared/proj"), "/shared/proj/runs/c").script()
+    inside = srun_line(script).split(" env ", 1)[1]
+    assert (" python -m llmtrain.launch.node_agent /shared/proj/runs/c slurm -- python -m torch.distributed.run "
+            in inside), inside
+    assert f"\nexec {shlex.quote(sys.executable)} -m llmtrain.launch.slurm_job_end " in script, script
+    ssh = ssh_backend(tmp_path, "device=cpu", "cluster.workdir=/shared/proj", "cluster.container.runtime=apptainer",
+                      f"cluster.container.image={SIF}")
+    argv = ssh.node_commands()[0].argv
+    assert [argv[i - 1:i + 2] for i, a in enumerate(argv) if a == "-m"][:2] == [
+        ["python", "-m", "llmtrain.launch.node_agent"], ["python", "-m", "torch.distributed.run"]], argv
+    assert main(["launch", "--dry-run", f"run.dir={tmp_path / 'run'}", f"cluster.workdir={tmp_path}", *image]) == 0
+    out = capsys.readouterr().out
+    assert ("llmtrain: cluster.python is not set: each node runs the image's python (found on its PATH); set "
+            "cluster.python to run another interpreter in the image\n") in out, out
+    assert main(["launch", "--dry-run", f"run.dir={tmp_path / 'run'}", f"cluster.workdir={tmp_path}", *image,
+                 "cluster.python=/opt/py/bin/python3"]) == 0
+    assert "cluster.python is not set" not in capsys.readouterr().out
+
+
 # ------------------------------------------------------------------------------------------------ bad settings
 BAD = [
     (["cluster=slurm", "cluster.container.runtime=docker"], "cluster.container.runtime",
@@ -300,8 +325,6 @@ BAD = [
       "cluster.container.mounts=[/a:/a,data:/data]"], "cluster.container.mounts", "entry 2 (data:/data) must be"),
     (["cluster=slurm", "cluster.container.runtime=apptainer", "cluster.container.image=/i.sif",
       "cluster.container.workdir=work"], "cluster.container.workdir", "must be an absolute path (got work)"),
-    (["cluster=slurm", "cluster.container.runtime=apptainer", "cluster.container.image=/i.sif"], "cluster.python",
-     "a container runs the image's interpreter"),
 ]
 
 

@@ -213,7 +213,8 @@ class ClusterConfig:
     # Rendezvous port; 0 = one per job: a free port (local; ssh when the launcher runs on the first host, else a
     # random one), 20000 + job id % 20000 (slurm).
     master_port: int = 0
-    # Python on the nodes (null = the launcher's own interpreter path) and the folder commands run in
+    # Python on the nodes (null = the launcher's own interpreter path; with cluster.container, the image's
+    # `python`) and the folder commands run in
     # (null = the launcher's working directory); both must exist on every node (shared filesystem).
     python: Optional[str] = None
     workdir: Optional[str] = None

@@ -19,6 +19,7 @@ from llmtrain.console import fold_table, get_console
 from llmtrain.jobs.record import LaunchRecord
 from llmtrain.launch import run_identity, stopping
 from llmtrain.launch.backend import get_backend
+from llmtrain.launch.container import default_python_note
 from llmtrain.launch.monitor import Monitor, RendezvousTimeout
 from llmtrain.launch.run_lock import RunDirLock
 from llmtrain.parallel.layout import ParallelDims
@@ -59,6 +60,9 @@ def dry_run(cfg: DictConfig) -> int:
     console.print(to_yaml(cfg), markup=False, highlight=False)
     console.print(layout_table(cfg))
     console.rule("commands (nothing was started)")
+    note = default_python_note(cfg)
+    if note:
+        console.print(f"llmtrain: {note}", markup=False, highlight=False, soft_wrap=True)
     console.print(backend.preview(), markup=False, highlight=False, soft_wrap=True)
     return 0
 
