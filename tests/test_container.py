@@ -71,7 +71,7 @@ def test_pyxis_srun_line_gets_image_mounts_and_workdir():
                             "torch.distributed.run --nnodes=2 ")
     # The run directory lies inside the working directory: one mount holds both.
     assert srun_line(script) == (
-        "srun --nodes=2 --ntasks-per-node=1 --kill-on-bad-exit=1 '--container-image=nvcr.io#nvidia/pytorch:24.05-py3' "
+        "srun --nodes=2 --ntasks-per-node=1 --cpus-per-task=1 --kill-on-bad-exit=1 '--container-image=nvcr.io#nvidia/pytorch:24.05-py3' "
         "--container-mounts=/shared/proj:/shared/proj,/data:/data:ro+rprivate --container-workdir=/shared/proj "
         f"env {exported(script)} {plain}")
     assert "env LLMTRAIN_AGENT_WATCH_STDIN=0 PYTHONPATH=" in srun_line(script)
@@ -83,7 +83,7 @@ def test_pyxis_mount_covering_the_workdir_and_container_workdir_and_extra_args()
                 "cluster.container.extra_args=[--no-container-mount-home]")
     script = SlurmBackend(cfg, "/scratch/runs/c").script()
     assert srun_line(script) == (
-        "srun --nodes=2 --ntasks-per-node=1 --kill-on-bad-exit=1 --container-image=/images/pt.sqsh "
+        "srun --nodes=2 --ntasks-per-node=1 --cpus-per-task=1 --kill-on-bad-exit=1 --container-image=/images/pt.sqsh "
         "--container-mounts=/scratch/runs/c:/scratch/runs/c,/shared:/shared --container-workdir=/shared/proj/src "
         f"--no-container-mount-home env {exported(script)} {plain_command(cfg, '/scratch/runs/c')}")
 
@@ -105,7 +105,7 @@ def test_pyxis_setup_lines_run_inside_not_in_the_batch_shell():
     script = SlurmBackend(cfg, "/shared/proj/runs/c").script()
     assert "eval" not in script.split("\nsrun ")[0]
     assert srun_line(script) == (
-        "srun --nodes=2 --ntasks-per-node=1 --kill-on-bad-exit=1 --container-image=/images/pt.sqsh "
+        "srun --nodes=2 --ntasks-per-node=1 --cpus-per-task=1 --kill-on-bad-exit=1 --container-image=/images/pt.sqsh "
         "--container-mounts=/shared/proj:/shared/proj --container-workdir=/shared/proj "
         f"sh -c {shlex.quote(SETUP_SCRIPT)} llmtrain-setup env {exported(script)} "
         f"{plain_command(cfg, '/shared/proj/runs/c')}")
@@ -169,7 +169,7 @@ def test_apptainer_under_slurm_wraps_the_srun_command():
     script = SlurmBackend(cfg, "/scratch/runs/c").script()
     # The run directory lies outside the working directory: mounted on its own.
     assert srun_line(script) == (
-        "srun --nodes=2 --ntasks-per-node=1 --kill-on-bad-exit=1 /opt/apptainer/bin/apptainer exec --nv --bind "
+        "srun --nodes=2 --ntasks-per-node=1 --cpus-per-task=1 --kill-on-bad-exit=1 /opt/apptainer/bin/apptainer exec --nv --bind "
         "/shared/proj:/shared/proj,/scratch/runs/c:/scratch/runs/c,/data:/data --pwd /workspace --writable-tmpfs "
         f"{SIF} env {exported(script)} {plain_command(cfg, '/scratch/runs/c')}")
     # No GPU job, no --nv.
@@ -266,8 +266,8 @@ def test_dry_run_shows_the_container_commands(tmp_path, capsys):
              "cluster.container.mounts=[/data:/data:ro]"]
     assert main(["launch", "--dry-run", f"run.dir={tmp_path / 'run'}", f"cluster.workdir={tmp_path}", *pyxis]) == 0
     out = capsys.readouterr().out
-    assert (f"\nsrun --nodes=1 --ntasks-per-node=1 --kill-on-bad-exit=1 --container-image=/images/pt.sqsh "
-            f"--container-mounts={tmp_path}:{tmp_path},/data:/data:ro --container-workdir={tmp_path} env ") in out
+    assert (f"\nsrun --nodes=1 --ntasks-per-node=1 --cpus-per-task=8 --kill-on-bad-exit=1 "
+            f"--container-image=/images/pt.sqsh --container-mounts={tmp_path}:{tmp_path},/data:/data:ro --container-workdir={tmp_path} env ") in out
     hosts = tmp_path / "hosts.txt"
     hosts.write_text("node1 slots=1\n")
     apptainer = ["cluster=ssh", f"cluster.hostfile={hosts}", "cluster.nnodes=1", "cluster.python=python", "device=cpu",

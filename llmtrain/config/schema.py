@@ -232,8 +232,11 @@ class ClusterConfig:
     # slurm: sbatch options.
     partition: Optional[str] = None
     account: Optional[str] = None
-    time: Optional[str] = None
+    # --time of the job; null = the partition's default limit.
+    time: Optional[str] = "04:00:00"
     gpus_per_node: Optional[int] = None  # None: one GPU per process (none with device=cpu)
+    # --cpus-per-task of each node's one task (the node agent, torchrun and its workers); null = the CPUs of the
+    # partition's nodes (sinfo), else one per process when sinfo cannot say.
     cpus_per_node: Optional[int] = None
     job_name: Optional[str] = None
     requeue: bool = True

@@ -27,6 +27,7 @@ from llmtrain.launch.container import host_python, in_container, setup_outside, 
 from llmtrain.launch.failures import rank_statuses, report_failure
 from llmtrain.launch.node_env import wrap_for_gloo
 from llmtrain.launch.node_setup import setup_statements
+from llmtrain.launch.slurm_nodes import partition_cpus
 from llmtrain.launch.slurm_states import (FINAL_STATES, NEVER_STARTS, NODE_COUNT_REASONS, NOT_STARTED_STATES,
                                           REQUEST_KEYS, exit_code, never_starts, parse_fields, refusal_key)
 
@@ -51,6 +52,21 @@ def _slurm(*argv: str, timeout: float = SLURM_TIMEOUT_S) -> subprocess.Completed
 def _last_line(out: subprocess.CompletedProcess) -> str:
     lines = (out.stderr or out.stdout or "").strip().splitlines()
     return lines[-1].strip() if lines else f"exit code {out.returncode}"
+
+
+def sbatch_quoted(value: str, key: str) -> str:
+    """A value as an #SBATCH line takes it: in double quotes (a space would end it). sbatch has no escape for `"` or
+    a line break: refused, naming the key it came from."""
+    if '"' in value or "\n" in value:
+        raise ConfigError(key, f"{value!r} holds a double quote or a line break, which an #SBATCH line cannot "
+                               f"carry: change {key}")
+    return f'"{value}"'
+
+
+def output_path(run_dir: str) -> str:
+    """The job's log, RUN_DIR/logs/slurm-JOBID.out, for --output: `%` in run.dir doubled (sbatch reads `%j`-style
+    patterns there)."""
+    return sbatch_quoted(os.path.join(run_dir.replace("%", "%%"), "logs", "slurm-%j.out"), "run.dir")
 
 
 def _show(value) -> str:
@@ -85,6 +101,7 @@ class SlurmBackend(Backend):
         # the exit code: srun's own status can be 143 too.
         self.unfinished = False
         self.console = None
+        self._cpus: tuple[int, str] | None = None
 
     # ---------------------------------------------------------------------------------------------- the script
     def script(self) -> str:
@@ -119,11 +136,12 @@ class SlurmBackend(Backend):
 
     def _sbatch_options(self) -> list[str]:
         c = self.cfg.cluster
-        lines = [f"#SBATCH --job-name={self._job_name()}", f"#SBATCH --nodes={c.nnodes}", "#SBATCH --ntasks-per-node=1",
-                 f"#SBATCH --output={os.path.join(self.run_dir, 'logs', 'slurm-%j.out')}",
+        lines = [f"#SBATCH --job-name={sbatch_quoted(self._job_name(), 'cluster.job_name')}",
+                 f"#SBATCH --nodes={c.nnodes}", "#SBATCH --ntasks-per-node=1",
+                 f"#SBATCH --cpus-per-task={self.cpus_per_task()[0]}",
+                 f"#SBATCH --output={output_path(self.run_dir)}",
                  "#SBATCH --open-mode=append"]
-        for option, value in (("partition", c.partition), ("account", c.account), ("time", c.time),
-                              ("cpus-per-task", c.cpus_per_node)):
+        for option, value in (("partition", c.partition), ("account", c.account), ("time", c.time)):
             if value:
                 lines.append(f"#SBATCH --{option}={value}")
         if self.gpus_per_node():
@@ -141,9 +159,28 @@ class SlurmBackend(Backend):
                 *setup_statements(setup_outside(self.cfg)), "set -u"]
 
     def _srun_argv(self) -> list[str]:
-        """srun with one task per node, and pyxis's container options when the tasks run in an image."""
-        return ["srun", f"--nodes={self.cfg.cluster.nnodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
+        """srun with one task per node and the job's CPUs for it (said again: some Slurm versions do not pass
+        sbatch's --cpus-per-task on to srun), and pyxis's container options when the tasks run in an image."""
+        return ["srun", f"--nodes={self.cfg.cluster.nnodes}", "--ntasks-per-node=1",
+                f"--cpus-per-task={self.cpus_per_task()[0]}", "--kill-on-bad-exit=1",
                 *srun_options(self.cfg, self.workdir, self.run_dir)]
+
+    def cpus_per_task(self) -> tuple[int, str]:
+        """CPUs for each node's one task (the node agent, torchrun and every worker of the node), and where the
+        number comes from: cluster.cpus_per_node, else the partition's CPUs per node (sinfo), else one per
+        process."""
+        if self._cpus is None:
+            c = self.cfg.cluster
+            found = None if c.cpus_per_node else partition_cpus(c.partition)
+            if c.cpus_per_node:
+                self._cpus = (c.cpus_per_node, "cluster.cpus_per_node")
+            elif found:
+                where = f"partition {c.partition}" if c.partition else "the default partition"
+                self._cpus = (found, f"every node of {where} has {found} (sinfo); cluster.cpus_per_node sets it")
+            else:
+                self._cpus = (c.nproc_per_node, "one per process: sinfo could not tell the partition's CPUs per "
+                                                "node; cluster.cpus_per_node sets it")
+        return self._cpus
 
     def _node_command(self, env: dict[str, str]) -> str:
         """The node agent + torchrun (in the container, if any), quoted, but for the two arguments the job's shell
@@ -175,6 +212,9 @@ class SlurmBackend(Backend):
     def check_ready(self) -> None:
         import shutil
 
+        # A run.dir or job name an #SBATCH line cannot carry: refused before anything is written.
+        output_path(self.run_dir), sbatch_quoted(self._job_name(), "cluster.job_name")
+
         for tool in ("sbatch", "scontrol"):
             if shutil.which(tool) is None:
                 raise ConfigError("cluster.name", f"cluster=slurm but {tool} is not on PATH on this node (launch "
@@ -190,7 +230,9 @@ class SlurmBackend(Backend):
         return None if state in FINAL_STATES or state == "UNKNOWN" else self.job_id
 
     def preview(self) -> str:
-        return f"sbatch script ({self.script_path()}), submitted with sbatch --parsable:\n{self.script()}"
+        cpus, why = self.cpus_per_task()
+        return (f"sbatch script ({self.script_path()}), submitted with sbatch --parsable; --cpus-per-task={cpus}: "
+                f"{why}\n{self.script()}")
 
     def script_path(self) -> str:
         return os.path.join(self.run_dir, "slurm", "job.sbatch")
@@ -224,6 +266,8 @@ class SlurmBackend(Backend):
         lines = [ln.strip() for ln in stderr.strip().splitlines() if ln.strip()]
         said = "; ".join(lines[-2:]) or "no message"
         key = refusal_key(stderr)
+        if key is None:  # not about what the config asks for: sbatch's words, and the script it read
+            return ConfigError("cluster", f"sbatch refused the job script {self.script_path()}: {said}")
         keys = REQUEST_KEYS if key == "cluster" else (key,)
         asked = ", ".join(f"{k}={_show(self._requested(k))}" for k in keys)
         return ConfigError(key, f"sbatch refused the job ({asked}): {said}")
@@ -231,6 +275,8 @@ class SlurmBackend(Backend):
     def _requested(self, key: str):
         if key == "cluster.gpus_per_node":
             return self.gpus_per_node()
+        if key == "cluster.cpus_per_node":
+            return self.cpus_per_task()[0]
         return self.cfg.cluster[key.split(".", 1)[1]]
 
     # ------------------------------------------------------------------------------------------ following
