@@ -134,6 +134,8 @@ def launch(cfg: DictConfig) -> int:
     backend.check_ready()  # missing tools or devices: refused before anything is written
     existed = os.path.isdir(run_dir)
     lock = RunDirLock(run_dir)
+    if hasattr(backend, "on_submitted"):  # a Slurm job finds itself named in the lock when it starts
+        backend.on_submitted = lock.name_job
     try:
         took_over = lock.acquire()
     except OSError as e:

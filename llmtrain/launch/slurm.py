@@ -27,6 +27,7 @@ from llmtrain.launch.container import host_python, in_container, setup_outside, 
 from llmtrain.launch.failures import rank_statuses, report_failure
 from llmtrain.launch.node_env import wrap_for_gloo
 from llmtrain.launch.node_setup import setup_statements
+from llmtrain.launch.sbatch_lines import NOTICE_TRAP, output_path, sbatch_quoted
 from llmtrain.launch.slurm_nodes import partition_cpus
 from llmtrain.launch.slurm_states import (FINAL_STATES, NEVER_STARTS, NODE_COUNT_REASONS, NOT_STARTED_STATES,
                                           REQUEST_KEYS, exit_code, never_starts, parse_fields, refusal_key)
@@ -52,21 +53,6 @@ def _slurm(*argv: str, timeout: float = SLURM_TIMEOUT_S) -> subprocess.Completed
 def _last_line(out: subprocess.CompletedProcess) -> str:
     lines = (out.stderr or out.stdout or "").strip().splitlines()
     return lines[-1].strip() if lines else f"exit code {out.returncode}"
-
-
-def sbatch_quoted(value: str, key: str) -> str:
-    """A value as an #SBATCH line takes it: in double quotes (a space would end it). sbatch has no escape for `"` or
-    a line break: refused, naming the key it came from."""
-    if '"' in value or "\n" in value:
-        raise ConfigError(key, f"{value!r} holds a double quote or a line break, which an #SBATCH line cannot "
-                               f"carry: change {key}")
-    return f'"{value}"'
-
-
-def output_path(run_dir: str) -> str:
-    """The job's log, RUN_DIR/logs/slurm-JOBID.out, for --output: `%` in run.dir doubled (sbatch reads `%j`-style
-    patterns there)."""
-    return sbatch_quoted(os.path.join(run_dir.replace("%", "%%"), "logs", "slurm-%j.out"), "run.dir")
 
 
 def _show(value) -> str:
@@ -102,19 +88,22 @@ class SlurmBackend(Backend):
         self.unfinished = False
         self.console = None
         self._cpus: tuple[int, str] | None = None
+        # Called with the job id as soon as sbatch gives it (the run directory's lock names the job).
+        self.on_submitted = None
 
     # ---------------------------------------------------------------------------------------------- the script
     def script(self) -> str:
         c = self.cfg.cluster
         python = shlex.quote(host_python(self.cfg))
-        # The time-limit notice is for the job's steps: the batch shell, and the job's end it execs, ignore a USR1
-        # that reaches them.
-        lines = ["#!/bin/bash", *self._sbatch_options(), "set -euo pipefail", "trap '' USR1",
+        run_dir = shlex.quote(self.run_dir)
+        lines = ["#!/bin/bash", *self._sbatch_options(), "set -euo pipefail", *NOTICE_TRAP,
                  f"cd {shlex.quote(self.workdir)}"]
         lines += self._setup_lines()
         env = worker_env(self.cfg)
         env["LLMTRAIN_AGENT_WATCH_STDIN"] = "0"  # srun gives tasks no stdin to watch
         lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items())]
+        # One job per run directory, however this script was submitted (slurm_job_start.py).
+        lines.append(f"{python} -m llmtrain.launch.slurm_job_start {run_dir}")
         port = str(c.master_port) if c.master_port else f"$(({PORT_BASE} + SLURM_JOB_ID % {PORT_SPAN}))"
         lines += ['head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)', f"port={port}",
                   'echo "llmtrain: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, rendezvous ${head}:${port} '
@@ -122,16 +111,20 @@ class SlurmBackend(Backend):
                   # Rank statuses tell how this start of the job ended: a requeued job's earlier ones go.
                   f"rm -f {shlex.quote(os.path.join(self.run_dir, 'logs'))}/rank*.status",
                   # Every rank's log in one file with [node/rank] prefixes, while srun runs (combined_log.py).
-                  f"{python} -m llmtrain.launch.combined_log {shlex.quote(self.run_dir)} & merger=$!",
+                  f"{python} -m llmtrain.launch.combined_log {run_dir} & merger=$!",
                   # The time-limit notice, from the job itself (slurm_notice.py).
                   f'{python} -m llmtrain.launch.slurm_notice "$SLURM_JOB_ID" {c.signal_before_end_s} & notice=$!',
                   "set +e",
-                  f"{shlex.join(self._srun_argv())} {self._node_command(env)}",
-                  "code=$?",
+                  # In the background, so that the trap runs when a notice comes (bash runs traps between commands).
+                  f"{shlex.join(self._srun_argv())} {self._node_command(env)} & step=$!",
+                  'step_status "$step"; code=$?',
                   'kill "$notice" 2>/dev/null; kill -TERM "$merger"; wait "$merger"',
-                  # Finished, or cut short by the time limit: then the job requeues itself (slurm_job_end.py).
+                  # The job's end ignores a USR1, as the shell did (it would kill Python).
+                  "trap '' USR1",
+                  # Finished, or cut short by the time limit or a notice: then the job requeues itself
+                  # (slurm_job_end.py).
                   f"exec {python} -m llmtrain.launch.slurm_job_end "
-                  f"{shlex.quote(self.run_dir)} \"$code\" {c.signal_before_end_s} {int(bool(c.requeue))}"]
+                  f"{run_dir} \"$code\" {c.signal_before_end_s} {int(bool(c.requeue))} \"$noticed\""]
         return "\n".join(lines) + "\n"
 
     def _sbatch_options(self) -> list[str]:
@@ -259,6 +252,8 @@ class SlurmBackend(Backend):
         if out.returncode != 0:
             raise self.refusal(out.stderr or out.stdout)
         self.job_id = out.stdout.strip().split(";")[0]
+        if self.on_submitted is not None:
+            self.on_submitted(self.job_id)
         return self.job_id
 
     def refusal(self, stderr: str) -> ConfigError:
