@@ -3,7 +3,8 @@
 Two launches into one run directory would share config.yaml, checkpoints and metrics.jsonl, so the second is
 refused, naming the holder. A lock whose holder is gone (its process ended, its Slurm job finished) is stale and is
 taken over, with a message, unless processes of an earlier launch of this run directory still run on this node.
-A Slurm job that outlives its launcher keeps the lock under its job id until it ends.
+A Slurm job that outlives its launcher keeps the lock under its job id until it ends. A Slurm job also takes the
+lock itself when it starts (claim_for_job), so a job script submitted by hand respects it too.
 """
 
 from __future__ import annotations

@@ -6,7 +6,9 @@ never share a rendezvous. The job itself gives the workers cluster.signal_before
 its time limit (slurm_notice.py; Slurm's own --signal is not used: it resends the notice at once to a requeued
 job, which then stops again before it trains), `--requeue`
 lets Slurm restart a preempted job, and `checkpoint.resume=auto` makes the restarted job continue from its newest
-checkpoint.
+checkpoint. A USR1 to the batch shell (`--signal=B:USR1@N`, `scancel --batch`) is a preemption notice, passed on
+to the steps (sbatch_lines.py). The job takes the run directory's lock itself when it starts (slurm_job_start.py),
+so a second submission of the same script refuses to run beside the first.
 
 A submitted job belongs to Slurm: the launcher only submits it, and with cluster.follow follows it. Ctrl-C stops
 following and leaves the job running; a job Slurm will never start (NEVER_STARTS) is cancelled with its reason.
@@ -424,7 +426,8 @@ class SlurmBackend(Backend):
             return 0
         if job == {} or state in FINAL_STATES:
             return 0
-        # The job's steps only, as --signal=USR1@N does: the batch shell has no handler and would die of USR1.
+        # The job's steps only: a USR1 to the batch shell is a preemption notice, after which the job requeues
+        # itself; a cancel is a stop.
         out = _slurm("scancel", "--signal=USR1", str(self.job_id))
         return 1 if out is not None and out.returncode == 0 else 0
 
