@@ -164,12 +164,12 @@ class SlurmBackend(Backend):
         """CPUs for each node's one task (the node agent, torchrun and every worker of the node), and where the
         number comes from: cluster.cpus_per_node, else the partition's CPUs per node (sinfo), else one per
         process."""
-        if self._cpus is None:
-            c = self.cfg.cluster
-            found = None if c.cpus_per_node else partition_cpus(c.partition)
-            if c.cpus_per_node:
-                self._cpus = (c.cpus_per_node, "cluster.cpus_per_node")
-            elif found:
+        c = self.cfg.cluster
+        if self._cpus is None and c.cpus_per_node:
+            self._cpus = (c.cpus_per_node, "cluster.cpus_per_node")
+        elif self._cpus is None:
+            found = partition_cpus(c.partition)
+            if found:
                 where = f"partition {c.partition}" if c.partition else "the default partition"
                 self._cpus = (found, f"every node of {where} has {found} (sinfo); cluster.cpus_per_node sets it")
             else:
@@ -208,7 +208,8 @@ class SlurmBackend(Backend):
         import shutil
 
         # A run.dir or job name an #SBATCH line cannot carry: refused before anything is written.
-        output_path(self.run_dir), sbatch_quoted(self._job_name(), "cluster.job_name")
+        output_path(self.run_dir)
+        sbatch_quoted(self._job_name(), "cluster.job_name")
 
         for tool in ("sbatch", "scontrol"):
             if shutil.which(tool) is None:
