@@ -53,8 +53,8 @@ class FakeSlurm:
     """subprocess.run for sbatch/scontrol/scancel: `scontrol show job` answers from `jobs` in turn (the last one
     repeats); every call must carry a timeout."""
 
-    def __init__(self, jobs=(job(),), part=partition(), sbatch=(0, "123\n", ""), scancel=None):
-        self.jobs, self.part, self.sbatch, self.scancel = list(jobs), part, sbatch, scancel
+    def __init__(self, jobs=(job(),), part=partition(), sbatch=(0, "123\n", ""), scancel=None, sinfo=(1, "", "")):
+        self.jobs, self.part, self.sbatch, self.scancel, self.sinfo = list(jobs), part, sbatch, scancel, sinfo
         self.calls: list[list[str]] = []
 
     def __call__(self, argv, **kwargs):
@@ -63,6 +63,8 @@ class FakeSlurm:
         rc, out, err = 0, "", ""
         if argv[0] == "sbatch":
             rc, out, err = self.sbatch
+        elif argv[0] == "sinfo":
+            rc, out, err = self.sinfo
         elif argv[:3] == ["scontrol", "show", "job"]:
             out = self.jobs.pop(0) if len(self.jobs) > 1 else self.jobs[0]
         elif argv[:3] == ["scontrol", "show", "partition"]:
@@ -382,7 +384,7 @@ def test_ambiguous_sbatch_refusal_names_what_was_asked(tmp_path, fake, stderr):
     with pytest.raises(ConfigError) as e:
         SlurmBackend(slurm_cfg("cluster.gpus_per_node=8"), str(tmp_path / "run")).submit()
     assert e.value.key == "cluster"
-    assert "cluster.nnodes=2, cluster.gpus_per_node=8, cluster.cpus_per_node=null, cluster.time=04:00:00" \
+    assert "cluster.nnodes=2, cluster.gpus_per_node=8, cluster.cpus_per_node=1, cluster.time=04:00:00" \
         in e.value.message and e.value.message.endswith(stderr)
 
 

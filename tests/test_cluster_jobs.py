@@ -1,9 +1,11 @@
 """Multi-node jobs on the two-node test cluster (scripts/testcluster.sh): a rendezvous port per Slurm job, a job
 Slurm can never start stopped with its reason, Ctrl-C on a follower leaving the job running, cluster.setup lines on
-every node, and GLOO_SOCKET_IFNAME resolved per node. Skipped, with the reason, where the cluster cannot be built."""
+every node, GLOO_SOCKET_IFNAME resolved per node, the job script submitted again by hand into a held run directory,
+and a preemption notice to the batch shell. Skipped, with the reason, where the cluster cannot be built."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -65,8 +67,9 @@ def test_two_slurm_jobs_sharing_the_nodes_both_finish(cluster, tmp_path):
     jobs = {}
     try:
         for name in ("a", "b"):
-            result = run_cli(["launch", f"run.dir={tmp_path / name}", *TWO_NODES, *SLURM, "train.max_steps=60"],
-                             env=cluster.env, timeout=120)
+            # One CPU per node each (not all of the node's, the default), so that both fit at once.
+            result = run_cli(["launch", f"run.dir={tmp_path / name}", *TWO_NODES, *SLURM, "train.max_steps=60",
+                              "cluster.cpus_per_node=1"], env=cluster.env, timeout=120)
             assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
             assert "job finished" not in result.stdout
             jobs[name] = submitted(result.stdout)
@@ -221,3 +224,80 @@ def test_a_slurm_sweep_submits_a_job_per_combination_and_both_finish(cluster, tm
         assert sorted(train_losses(run)) == list(range(1, 7))
     # The two runs trained differently: each job ran its own combination.
     assert train_losses(runs[0])[6] != train_losses(runs[1])[6]
+
+
+def test_the_job_script_submitted_again_refuses_while_the_first_job_runs(cluster, tmp_path):
+    """`sbatch RUN_DIR/slurm/job.sbatch` while the launched job trains in that run directory (one with a space in
+    its path): the second job ends at once with one line in its log, and the first finishes alone, 300 rows."""
+    run_dir = tmp_path / "my runs" / "a"
+    job = second = None
+    try:
+        # One CPU per node, so that the second job fits beside the first and really starts.
+        result = run_cli(["launch", f"run.dir={run_dir}", *TWO_NODES, *SLURM, "train.max_steps=300",
+                          "cluster.cpus_per_node=1"], env=cluster.env, timeout=120)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+        job, _ = submitted(result.stdout)
+        assert wait_for(lambda: len(read_rows(run_dir)) >= 2, timeout=300), state(cluster, job)
+        out = subprocess.run(["sbatch", "--parsable", str(run_dir / "slurm" / "job.sbatch")], env=cluster.environ(),
+                             cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        second = out.stdout.strip().split(";")[0]
+        assert wait_for(lambda: state(cluster, second) not in LIVE, timeout=120)
+        assert state(cluster, job) == "RUNNING"  # the refusal did not touch the first job
+        info = scontrol(cluster, second)
+        assert wait_for(lambda: state(cluster, job) not in LIVE, timeout=600)
+        first = scontrol(cluster, job)
+    finally:
+        scancel(cluster, job)
+        scancel(cluster, second)
+    assert "JobState=FAILED" in info and "ExitCode=1:0" in info, info
+    log = (run_dir / "logs" / f"slurm-{second}.out").read_text()
+    assert log == (f"llmtrain: error: run.dir: Slurm job {second} does not start: {run_dir} is in use by Slurm job "
+                   f"{job} (submitted from {os.uname().nodename}), since "
+                   f"{json.loads((run_dir / '.lock').read_text())['started']}; wait for it to end, stop it, or use "
+                   f"another run.dir (remove {run_dir}/.lock only if that job is gone)\n"), log
+    assert "JobState=COMPLETED" in first, first
+    rows = read_rows(run_dir)
+    assert [r["step"] for r in rows] == list(range(1, 301))  # one job's rows, in order: nothing interleaved
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-0000300"]
+
+
+def test_a_preemption_notice_to_the_batch_shell_checkpoints_and_requeues(cluster, tmp_path):
+    """`scancel --batch --signal=USR1 JOB` to a followed job: the batch shell passes it on, the workers checkpoint,
+    the job requeues itself and resumes to train.max_steps; while Slurm holds it, `llmtrain status` says pending
+    with Slurm's reason and the requeue. The job's task got every CPU of a node (cluster.cpus_per_node unset)."""
+    run_dir = tmp_path / "run"
+    steps = 40
+    proc = subprocess.Popen([sys.executable, "-m", "llmtrain", "launch", f"run.dir={run_dir}", *TWO_NODES, *SLURM,
+                             f"train.max_steps={steps}", "cluster.follow=true"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=cluster.environ())
+    job = None
+    try:
+        lock = run_dir / ".lock"
+        assert wait_for(lambda: lock.exists() and json.loads(lock.read_text()).get("job"), timeout=120)
+        job = json.loads(lock.read_text())["job"]
+        assert wait_for(lambda: len(read_rows(run_dir)) >= 2, timeout=300), state(cluster, job)
+        cpus = subprocess.run(["sinfo", "-h", "-o", "%c"], env=cluster.environ(), capture_output=True, text=True,
+                              timeout=30).stdout.split()[0]
+        assert f"CPUs/Task={cpus} " in scontrol(cluster, job)
+        subprocess.run(["scancel", "--batch", "--signal=USR1", job], env=cluster.environ(), check=True, timeout=30)
+        assert wait_for(lambda: "Restarts=1" in scontrol(cluster, job) and state(cluster, job) == "PENDING",
+                        timeout=300), scontrol(cluster, job)
+        status = run_cli(["status", str(run_dir)], env=cluster.env, timeout=60)
+        out, _ = proc.communicate(timeout=900)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        scancel(cluster, job)
+    assert f"state       pending: Slurm job {job} PENDING (BeginTime), requeued (restart 1)\n" in status.stdout, \
+        status.stdout
+    assert proc.returncode == 0, out[-3000:]
+    assert f"job {job} requeued (restart 1); still following" in out, out[-3000:]
+    log = (run_dir / "logs" / f"slurm-{job}.out").read_text()
+    assert "llmtrain: preemption notice (USR1 to the batch shell): passed on to the job's steps\n" in log, log[-3000:]
+    saved = re.search(r"llmtrain: a preemption notice came: checkpoint at step (\d+) saved; requeueing job", log)
+    assert saved and 2 <= int(saved[1]) < steps, log[-3000:]
+    rank0 = (run_dir / "logs" / "rank0.log").read_text()
+    assert (f"requeued job (restart 1): resumed from {run_dir}/checkpoints/step-{int(saved[1]):07d} at step "
+            f"{saved[1]} ") in rank0, rank0[-3000:]
+    assert sorted(train_losses(run_dir)) == list(range(1, steps + 1))

@@ -78,8 +78,9 @@ def test_slurm_script_runs_the_merger_around_srun(tmp_path):
     stop = script.index('kill "$notice" 2>/dev/null; kill -TERM "$merger"; wait "$merger"')
     notice = next(i for i, line in enumerate(script) if "-m llmtrain.launch.slurm_notice" in line)
     assert start < notice < srun < stop and script[start].endswith("& merger=$!")
-    # The batch shell (and the job's end it execs) ignores a time-limit notice meant for the steps.
-    assert script.index("trap '' USR1") < srun
+    # The batch shell passes a USR1 on to the steps while srun runs, and the job's end it execs ignores one.
+    assert script.index("trap forward_notice USR1") < srun < stop < script.index("trap '' USR1")
+    assert script[script.index("trap '' USR1") + 1].startswith("exec ")
 
 
 def test_merger_stops_on_sigterm_after_a_last_read(tmp_path):

@@ -13,6 +13,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -70,7 +71,7 @@ def test_pyxis_srun_line_gets_image_mounts_and_workdir():
                             "torch.distributed.run --nnodes=2 ")
     # The run directory lies inside the working directory: one mount holds both.
     assert srun_line(script) == (
-        "srun --nodes=2 --ntasks-per-node=1 --kill-on-bad-exit=1 '--container-image=nvcr.io#nvidia/pytorch:24.05-py3' "
+        "srun --nodes=2 --ntasks-per-node=1 --cpus-per-task=1 --kill-on-bad-exit=1 '--container-image=nvcr.io#nvidia/pytorch:24.05-py3' "
         "--container-mounts=/shared/proj:/shared/proj,/data:/data:ro+rprivate --container-workdir=/shared/proj "
         f"env {exported(script)} {plain}")
     assert "env LLMTRAIN_AGENT_WATCH_STDIN=0 PYTHONPATH=" in srun_line(script)
@@ -82,7 +83,7 @@ def test_pyxis_mount_covering_the_workdir_and_container_workdir_and_extra_args()
                 "cluster.container.extra_args=[--no-container-mount-home]")
     script = SlurmBackend(cfg, "/scratch/runs/c").script()
     assert srun_line(script) == (
-        "srun --nodes=2 --ntasks-per-node=1 --kill-on-bad-exit=1 --container-image=/images/pt.sqsh "
+        "srun --nodes=2 --ntasks-per-node=1 --cpus-per-task=1 --kill-on-bad-exit=1 --container-image=/images/pt.sqsh "
         "--container-mounts=/scratch/runs/c:/scratch/runs/c,/shared:/shared --container-workdir=/shared/proj/src "
         f"--no-container-mount-home env {exported(script)} {plain_command(cfg, '/scratch/runs/c')}")
 
@@ -104,7 +105,7 @@ def test_pyxis_setup_lines_run_inside_not_in_the_batch_shell():
     script = SlurmBackend(cfg, "/shared/proj/runs/c").script()
     assert "eval" not in script.split("\nsrun ")[0]
     assert srun_line(script) == (
-        "srun --nodes=2 --ntasks-per-node=1 --kill-on-bad-exit=1 --container-image=/images/pt.sqsh "
+        "srun --nodes=2 --ntasks-per-node=1 --cpus-per-task=1 --kill-on-bad-exit=1 --container-image=/images/pt.sqsh "
         "--container-mounts=/shared/proj:/shared/proj --container-workdir=/shared/proj "
         f"sh -c {shlex.quote(SETUP_SCRIPT)} llmtrain-setup env {exported(script)} "
         f"{plain_command(cfg, '/shared/proj/runs/c')}")
@@ -168,7 +169,7 @@ def test_apptainer_under_slurm_wraps_the_srun_command():
     script = SlurmBackend(cfg, "/scratch/runs/c").script()
     # The run directory lies outside the working directory: mounted on its own.
     assert srun_line(script) == (
-        "srun --nodes=2 --ntasks-per-node=1 --kill-on-bad-exit=1 /opt/apptainer/bin/apptainer exec --nv --bind "
+        "srun --nodes=2 --ntasks-per-node=1 --cpus-per-task=1 --kill-on-bad-exit=1 /opt/apptainer/bin/apptainer exec --nv --bind "
         "/shared/proj:/shared/proj,/scratch/runs/c:/scratch/runs/c,/data:/data --pwd /workspace --writable-tmpfs "
         f"{SIF} env {exported(script)} {plain_command(cfg, '/scratch/runs/c')}")
     # No GPU job, no --nv.
@@ -265,8 +266,8 @@ def test_dry_run_shows_the_container_commands(tmp_path, capsys):
              "cluster.container.mounts=[/data:/data:ro]"]
     assert main(["launch", "--dry-run", f"run.dir={tmp_path / 'run'}", f"cluster.workdir={tmp_path}", *pyxis]) == 0
     out = capsys.readouterr().out
-    assert (f"\nsrun --nodes=1 --ntasks-per-node=1 --kill-on-bad-exit=1 --container-image=/images/pt.sqsh "
-            f"--container-mounts={tmp_path}:{tmp_path},/data:/data:ro --container-workdir={tmp_path} env ") in out
+    assert (f"\nsrun --nodes=1 --ntasks-per-node=1 --cpus-per-task=8 --kill-on-bad-exit=1 "
+            f"--container-image=/images/pt.sqsh --container-mounts={tmp_path}:{tmp_path},/data:/data:ro --container-workdir={tmp_path} env ") in out
     hosts = tmp_path / "hosts.txt"
     hosts.write_text("node1 slots=1\n")
     apptainer = ["cluster=ssh", f"cluster.hostfile={hosts}", "cluster.nnodes=1", "cluster.python=python", "device=cpu",
@@ -276,6 +277,30 @@ def test_dry_run_shows_the_container_commands(tmp_path, capsys):
     out = capsys.readouterr().out
     assert f" apptainer exec --bind {tmp_path}:{tmp_path} --pwd {tmp_path} {SIF} env " in out
     assert not (tmp_path / "run").exists()
+
+
+def test_a_container_without_cluster_python_runs_the_images_python(tmp_path, capsys):
+    """cluster.python unset: the image's `python` runs the node agent, torchrun and the workers in the container;
+    the end of the batch script keeps the launcher's own interpreter outside it; the dry run says so."""
+    image = ["cluster=slurm", "cluster.nnodes=1", "cluster.nproc_per_node=1", "data=synthetic",
+             "cluster.container.runtime=pyxis", "cluster.container.image=/images/pt.sqsh"]
+    script = SlurmBackend(cfg_of(*image, "cluster.workdir=/shared/proj"), "/shared/proj/runs/c").script()
+    inside = srun_line(script).split(" env ", 1)[1]
+    assert (" python -m llmtrain.launch.node_agent /shared/proj/runs/c slurm -- python -m torch.distributed.run "
+            in inside), inside
+    assert f"\nexec {shlex.quote(sys.executable)} -m llmtrain.launch.slurm_job_end " in script, script
+    ssh = ssh_backend(tmp_path, "device=cpu", "cluster.workdir=/shared/proj", "cluster.container.runtime=apptainer",
+                      f"cluster.container.image={SIF}")
+    argv = ssh.node_commands()[0].argv
+    assert [argv[i - 1:i + 2] for i, a in enumerate(argv) if a == "-m"][:2] == [
+        ["python", "-m", "llmtrain.launch.node_agent"], ["python", "-m", "torch.distributed.run"]], argv
+    assert main(["launch", "--dry-run", f"run.dir={tmp_path / 'run'}", f"cluster.workdir={tmp_path}", *image]) == 0
+    out = capsys.readouterr().out
+    assert ("llmtrain: cluster.python is not set: each node runs the image's python (found on its PATH); set "
+            "cluster.python to run another interpreter in the image\n") in out, out
+    assert main(["launch", "--dry-run", f"run.dir={tmp_path / 'run'}", f"cluster.workdir={tmp_path}", *image,
+                 "cluster.python=/opt/py/bin/python3"]) == 0
+    assert "cluster.python is not set" not in capsys.readouterr().out
 
 
 # ------------------------------------------------------------------------------------------------ bad settings
@@ -300,8 +325,6 @@ BAD = [
       "cluster.container.mounts=[/a:/a,data:/data]"], "cluster.container.mounts", "entry 2 (data:/data) must be"),
     (["cluster=slurm", "cluster.container.runtime=apptainer", "cluster.container.image=/i.sif",
       "cluster.container.workdir=work"], "cluster.container.workdir", "must be an absolute path (got work)"),
-    (["cluster=slurm", "cluster.container.runtime=apptainer", "cluster.container.image=/i.sif"], "cluster.python",
-     "a container runs the image's interpreter"),
 ]
 
 

@@ -108,10 +108,10 @@ def test_slurm_dry_run_shows_one_job_per_run(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.count("#!/bin/bash\n") == 2
     outputs = [ln for ln in out.splitlines() if ln.startswith("#SBATCH --output=")]
-    assert outputs == [f"#SBATCH --output={sweep}/lr=0.001/logs/slurm-%j.out",
-                       f"#SBATCH --output={sweep}/lr=0.003/logs/slurm-%j.out"]
+    assert outputs == [f'#SBATCH --output="{sweep}/lr=0.001/logs/slurm-%j.out"',
+                       f'#SBATCH --output="{sweep}/lr=0.003/logs/slurm-%j.out"']
     names = [ln for ln in out.splitlines() if ln.startswith("#SBATCH --job-name=")]
-    assert names == ["#SBATCH --job-name=llmtrain-sweep-0", "#SBATCH --job-name=llmtrain-sweep-1"]
+    assert names == ['#SBATCH --job-name="llmtrain-sweep-0"', '#SBATCH --job-name="llmtrain-sweep-1"']
     assert not sweep.exists()
 
 

@@ -249,7 +249,8 @@ class ClusterConfig:
     # Rendezvous port; 0 = one per job: a free port (local; ssh when the launcher runs on the first host, else a
     # random one), 20000 + job id % 20000 (slurm).
     master_port: int = 0
-    # Python on the nodes (null = the launcher's own interpreter path) and the folder commands run in
+    # Python on the nodes (null = the launcher's own interpreter path; with cluster.container, the image's
+    # `python`) and the folder commands run in
     # (null = the launcher's working directory); both must exist on every node (shared filesystem).
     python: Optional[str] = None
     workdir: Optional[str] = None
@@ -267,8 +268,11 @@ class ClusterConfig:
     # slurm: sbatch options.
     partition: Optional[str] = None
     account: Optional[str] = None
-    time: Optional[str] = None
+    # --time of the job; null = the partition's default limit.
+    time: Optional[str] = "04:00:00"
     gpus_per_node: Optional[int] = None  # None: one GPU per process (none with device=cpu)
+    # --cpus-per-task of each node's one task (the node agent, torchrun and its workers); null = the CPUs of the
+    # partition's nodes (sinfo), else one per process when sinfo cannot say.
     cpus_per_node: Optional[int] = None
     job_name: Optional[str] = None
     requeue: bool = True

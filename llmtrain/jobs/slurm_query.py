@@ -19,6 +19,7 @@ class SlurmJob:
     nodes: list[str] = field(default_factory=list)
     exit_code: int | None = None
     reason: str = ""
+    restarts: int = 0  # how many times Slurm requeued it
 
     @property
     def ended(self) -> bool:
@@ -40,7 +41,9 @@ def query(job_id: str) -> SlurmJob | None:
     nodelist = fields.get("NodeList", "(null)")
     nodes = _hostnames(nodelist) if nodelist not in ("", "(null)") else []
     reason = fields.get("Reason", "None")
-    return SlurmJob(str(job_id), fields["JobState"], nodes, exit_code(fields), "" if reason == "None" else reason)
+    restarts = fields.get("Restarts", "0")
+    return SlurmJob(str(job_id), fields["JobState"], nodes, exit_code(fields), "" if reason == "None" else reason,
+                    int(restarts) if restarts.isdigit() else 0)
 
 
 def _hostnames(nodelist: str) -> list[str]:

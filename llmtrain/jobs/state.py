@@ -1,7 +1,7 @@
 """Which state the job behind a run directory is in, from what the launcher and the ranks leave on disk.
 
-A live job holds RUN_DIR/.lock: its launcher (local, ssh, or a Slurm launcher following its job) or, once that
-launcher has exited, its Slurm job. Whether the holder still runs comes from the lock's own check (holder_gone)
+A live job holds RUN_DIR/.lock: its launcher (local, ssh, or a Slurm launcher following its job, which names the
+job in the lock once sbatch took it) or, once that launcher has exited, its Slurm job. Whether the holder still runs comes from the lock's own check (holder_gone)
 and, for Slurm, from `scontrol show job`. A job that no longer runs ended as its ranks recorded
 (logs/rank{R}.status: ok, preempted or error), and as its launcher recorded in job.json (its exit code: Ctrl-C
 and `llmtrain cancel --now` make it 130).
@@ -96,6 +96,8 @@ def _live(holder: dict, slurm: SlurmJob | None) -> JobState | None:
         if slurm.ended:
             return None
         why = f" ({slurm.reason})" if slurm.reason else ""
+        if slurm.restarts:  # a requeued job waits again (BeginTime), then resumes from its newest checkpoint
+            why += f", requeued (restart {slurm.restarts})"
         return JobState(PENDING if slurm.pending else RUNNING, f"Slurm job {job} {slurm.state}{why}", holder, {},
                         slurm)
     if holder_gone(holder) is not None:

@@ -83,8 +83,16 @@ class Backend(abc.ABC):
         """Stop every process the backend started (Ctrl-C, failure, preemption timeout)."""
 
 
+# The interpreter an NGC-style image (and most others) puts on its PATH.
+CONTAINER_PYTHON = "python"
+
+
 def node_python(cfg: DictConfig) -> str:
-    return cfg.cluster.python or sys.executable
+    """cluster.python; unset: the image's `python` in a container (this launcher's interpreter is not in the
+    image), else the launcher's own interpreter path."""
+    if cfg.cluster.python:
+        return cfg.cluster.python
+    return CONTAINER_PYTHON if cfg.cluster.container.runtime != "none" else sys.executable
 
 
 def torchrun_argv(cfg: DictConfig, run_dir: str, nnodes: int, node_rank: int | None, rdzv_endpoint: str,

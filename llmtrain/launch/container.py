@@ -20,7 +20,7 @@ import os
 import sys
 
 from llmtrain.config.errors import ConfigError
-from llmtrain.launch.backend import node_python
+from llmtrain.launch.backend import CONTAINER_PYTHON, node_python
 from llmtrain.launch.node_setup import setup_statements
 
 # Backends each runtime works with: pyxis is a Slurm plugin (srun options); apptainer wraps any remote command.
@@ -88,6 +88,14 @@ def in_container(cfg, argv: list[str], env: dict[str, str], workdir: str, run_di
     return command
 
 
+def default_python_note(cfg) -> str | None:
+    """What --dry-run says when a container runs without cluster.python: the image's own `python` runs."""
+    if not uses_container(cfg) or cfg.cluster.python:
+        return None
+    return (f"cluster.python is not set: each node runs the image's {CONTAINER_PYTHON} (found on its PATH); set "
+            "cluster.python to run another interpreter in the image")
+
+
 def setup_outside(cfg) -> list[str]:
     """The cluster.setup lines the host runs before the node's command: all of them without a container, none with
     one (they run inside it, see in_container)."""
@@ -119,9 +127,6 @@ def check_container(cfg) -> None:
     for key, path in own_paths(cfg, cfg.cluster.workdir or os.getcwd(), os.path.abspath(cfg.run.dir)).items():
         _require("," not in path and ":" not in path, key,
                  f"{path} is mounted into the container, and a mounted path cannot hold ',' or ':'")
-    _require(bool(cfg.cluster.python), "cluster.python",
-             "a container runs the image's interpreter, not this launcher's: set cluster.python to it "
-             "(e.g. cluster.python=python, found on the image's PATH)")
 
 
 def _check_image(c) -> None:

@@ -21,6 +21,7 @@ from llmtrain.jobs.state import stopped_short
 from llmtrain.launch import run_identity, stopping
 from llmtrain.launch.backend import get_backend
 from llmtrain.launch.failures import rank_statuses
+from llmtrain.launch.container import default_python_note
 from llmtrain.launch.monitor import Monitor, RendezvousTimeout
 from llmtrain.launch.run_lock import RunDirLock
 from llmtrain.parallel.layout import ParallelDims
@@ -69,6 +70,9 @@ def dry_run(cfg: DictConfig) -> int:
     console.print(to_yaml(cfg), markup=False, highlight=False)
     console.print(layout_table(cfg))
     console.rule("commands (nothing was started)")
+    note = default_python_note(cfg)
+    if note:
+        console.print(f"llmtrain: {note}", markup=False, highlight=False, soft_wrap=True)
     console.print(backend.preview(), markup=False, highlight=False, soft_wrap=True)
     line = fit.line if fit is not None else memory_unknown_line(cfg)
     console.print(line, markup=False, highlight=False, soft_wrap=True)
@@ -157,6 +161,8 @@ def launch(cfg: DictConfig) -> int:
     check_init_from(cfg)
     existed = os.path.isdir(run_dir)
     lock = RunDirLock(run_dir)
+    if hasattr(backend, "on_submitted"):  # a Slurm job finds itself named in the lock when it starts
+        backend.on_submitted = lock.name_job
     try:
         took_over = lock.acquire()
     except OSError as e:

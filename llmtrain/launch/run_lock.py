@@ -3,7 +3,8 @@
 Two launches into one run directory would share config.yaml, checkpoints and metrics.jsonl, so the second is
 refused, naming the holder. A lock whose holder is gone (its process ended, its Slurm job finished) is stale and is
 taken over, with a message, unless processes of an earlier launch of this run directory still run on this node.
-A Slurm job that outlives its launcher keeps the lock under its job id until it ends.
+A Slurm job that outlives its launcher keeps the lock under its job id until it ends. A Slurm job also takes the
+lock itself when it starts (claim_for_job), so a job script submitted by hand respects it too.
 """
 
 from __future__ import annotations
@@ -114,12 +115,20 @@ class RunDirLock:
             return note
         raise ConfigError("run.dir", f"could not take the lock {self.path}: other launches keep taking it")
 
-    def hand_to_job(self, job_id: str) -> None:
-        """The Slurm job holds the run directory after this launcher exits."""
+    def name_job(self, job_id: str) -> None:
+        """The Slurm job this launcher submitted, named in the lock at once, so the job knows the lock is its own
+        when it starts (claim_for_job) and `llmtrain status` finds it; the launcher still holds the lock."""
+        self._write(self._record(job=str(job_id)))
+
+    def _write(self, record: dict) -> None:
         tmp = f"{self.path}.{self.token}"
         with open(tmp, "w") as f:
-            json.dump(self._record(job=str(job_id)), f)
+            json.dump(record, f)
         os.replace(tmp, self.path)
+
+    def hand_to_job(self, job_id: str) -> None:
+        """The Slurm job holds the run directory after this launcher exits."""
+        self._write(self._record(job=str(job_id)))
         self.held = False
 
     def release(self) -> None:
@@ -129,3 +138,22 @@ class RunDirLock:
             except FileNotFoundError:
                 pass
         self.held = False
+
+
+def claim_for_job(run_dir: str, job_id: str, wait_s: float = 30.0) -> None:
+    """A Slurm job's start takes the run directory, however the job was submitted (launch, or sbatch of its script
+    by hand). The job runs when the lock names it (its launcher named it; or an earlier start of this same job,
+    requeued), or once it took a free or stale lock. A launcher holding the lock without a job yet may be the one
+    that submitted this job and not have named it: it gets wait_s to do so. Raises ConfigError (run.dir) when
+    another job or launcher holds the directory."""
+    lock = RunDirLock(run_dir)
+    deadline = time.monotonic() + wait_s
+    while True:
+        holder = lock._read()
+        if holder.get("job") == str(job_id):
+            return
+        if not holder or holder.get("job") or time.monotonic() >= deadline:
+            break
+        time.sleep(0.5)
+    lock.acquire()
+    lock.hand_to_job(job_id)

@@ -6,7 +6,9 @@ never share a rendezvous. The job itself gives the workers cluster.signal_before
 its time limit (slurm_notice.py; Slurm's own --signal is not used: it resends the notice at once to a requeued
 job, which then stops again before it trains), `--requeue`
 lets Slurm restart a preempted job, and `checkpoint.resume=auto` makes the restarted job continue from its newest
-checkpoint.
+checkpoint. A USR1 to the batch shell (`--signal=B:USR1@N`, `scancel --batch`) is a preemption notice, passed on
+to the steps (sbatch_lines.py). The job takes the run directory's lock itself when it starts (slurm_job_start.py),
+so a second submission of the same script refuses to run beside the first.
 
 A submitted job belongs to Slurm: the launcher only submits it, and with cluster.follow follows it. Ctrl-C stops
 following and leaves the job running; a job Slurm will never start (NEVER_STARTS) is cancelled with its reason.
@@ -27,6 +29,8 @@ from llmtrain.launch.container import host_python, in_container, setup_outside, 
 from llmtrain.launch.failures import rank_statuses, report_failure
 from llmtrain.launch.node_env import wrap_for_gloo
 from llmtrain.launch.node_setup import setup_statements
+from llmtrain.launch.sbatch_lines import NOTICE_TRAP, output_path, sbatch_quoted
+from llmtrain.launch.slurm_nodes import partition_cpus
 from llmtrain.launch.slurm_states import (FINAL_STATES, NEVER_STARTS, NODE_COUNT_REASONS, NOT_STARTED_STATES,
                                           REQUEST_KEYS, exit_code, never_starts, parse_fields, refusal_key)
 
@@ -85,19 +89,23 @@ class SlurmBackend(Backend):
         # the exit code: srun's own status can be 143 too.
         self.unfinished = False
         self.console = None
+        self._cpus: tuple[int, str] | None = None
+        # Called with the job id as soon as sbatch gives it (the run directory's lock names the job).
+        self.on_submitted = None
 
     # ---------------------------------------------------------------------------------------------- the script
     def script(self) -> str:
         c = self.cfg.cluster
         python = shlex.quote(host_python(self.cfg))
-        # The time-limit notice is for the job's steps: the batch shell, and the job's end it execs, ignore a USR1
-        # that reaches them.
-        lines = ["#!/bin/bash", *self._sbatch_options(), "set -euo pipefail", "trap '' USR1",
+        run_dir = shlex.quote(self.run_dir)
+        lines = ["#!/bin/bash", *self._sbatch_options(), "set -euo pipefail", *NOTICE_TRAP,
                  f"cd {shlex.quote(self.workdir)}"]
         lines += self._setup_lines()
         env = worker_env(self.cfg)
         env["LLMTRAIN_AGENT_WATCH_STDIN"] = "0"  # srun gives tasks no stdin to watch
         lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items())]
+        # One job per run directory, however this script was submitted (slurm_job_start.py).
+        lines.append(f"{python} -m llmtrain.launch.slurm_job_start {run_dir}")
         port = str(c.master_port) if c.master_port else f"$(({PORT_BASE} + SLURM_JOB_ID % {PORT_SPAN}))"
         lines += ['head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)', f"port={port}",
                   'echo "llmtrain: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, rendezvous ${head}:${port} '
@@ -105,25 +113,30 @@ class SlurmBackend(Backend):
                   # Rank statuses tell how this start of the job ended: a requeued job's earlier ones go.
                   f"rm -f {shlex.quote(os.path.join(self.run_dir, 'logs'))}/rank*.status",
                   # Every rank's log in one file with [node/rank] prefixes, while srun runs (combined_log.py).
-                  f"{python} -m llmtrain.launch.combined_log {shlex.quote(self.run_dir)} & merger=$!",
+                  f"{python} -m llmtrain.launch.combined_log {run_dir} & merger=$!",
                   # The time-limit notice, from the job itself (slurm_notice.py).
                   f'{python} -m llmtrain.launch.slurm_notice "$SLURM_JOB_ID" {c.signal_before_end_s} & notice=$!',
                   "set +e",
-                  f"{shlex.join(self._srun_argv())} {self._node_command(env)}",
-                  "code=$?",
+                  # In the background, so that the trap runs when a notice comes (bash runs traps between commands).
+                  f"{shlex.join(self._srun_argv())} {self._node_command(env)} & step=$!",
+                  'step_status "$step"; code=$?',
                   'kill "$notice" 2>/dev/null; kill -TERM "$merger"; wait "$merger"',
-                  # Finished, or cut short by the time limit: then the job requeues itself (slurm_job_end.py).
+                  # The job's end ignores a USR1, as the shell did (it would kill Python).
+                  "trap '' USR1",
+                  # Finished, or cut short by the time limit or a notice: then the job requeues itself
+                  # (slurm_job_end.py).
                   f"exec {python} -m llmtrain.launch.slurm_job_end "
-                  f"{shlex.quote(self.run_dir)} \"$code\" {c.signal_before_end_s} {int(bool(c.requeue))}"]
+                  f"{run_dir} \"$code\" {c.signal_before_end_s} {int(bool(c.requeue))} \"$noticed\""]
         return "\n".join(lines) + "\n"
 
     def _sbatch_options(self) -> list[str]:
         c = self.cfg.cluster
-        lines = [f"#SBATCH --job-name={self._job_name()}", f"#SBATCH --nodes={c.nnodes}", "#SBATCH --ntasks-per-node=1",
-                 f"#SBATCH --output={os.path.join(self.run_dir, 'logs', 'slurm-%j.out')}",
+        lines = [f"#SBATCH --job-name={sbatch_quoted(self._job_name(), 'cluster.job_name')}",
+                 f"#SBATCH --nodes={c.nnodes}", "#SBATCH --ntasks-per-node=1",
+                 f"#SBATCH --cpus-per-task={self.cpus_per_task()[0]}",
+                 f"#SBATCH --output={output_path(self.run_dir)}",
                  "#SBATCH --open-mode=append"]
-        for option, value in (("partition", c.partition), ("account", c.account), ("time", c.time),
-                              ("cpus-per-task", c.cpus_per_node)):
+        for option, value in (("partition", c.partition), ("account", c.account), ("time", c.time)):
             if value:
                 lines.append(f"#SBATCH --{option}={value}")
         if self.gpus_per_node():
@@ -141,9 +154,28 @@ class SlurmBackend(Backend):
                 *setup_statements(setup_outside(self.cfg)), "set -u"]
 
     def _srun_argv(self) -> list[str]:
-        """srun with one task per node, and pyxis's container options when the tasks run in an image."""
-        return ["srun", f"--nodes={self.cfg.cluster.nnodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
+        """srun with one task per node and the job's CPUs for it (said again: some Slurm versions do not pass
+        sbatch's --cpus-per-task on to srun), and pyxis's container options when the tasks run in an image."""
+        return ["srun", f"--nodes={self.cfg.cluster.nnodes}", "--ntasks-per-node=1",
+                f"--cpus-per-task={self.cpus_per_task()[0]}", "--kill-on-bad-exit=1",
                 *srun_options(self.cfg, self.workdir, self.run_dir)]
+
+    def cpus_per_task(self) -> tuple[int, str]:
+        """CPUs for each node's one task (the node agent, torchrun and every worker of the node), and where the
+        number comes from: cluster.cpus_per_node, else the partition's CPUs per node (sinfo), else one per
+        process."""
+        c = self.cfg.cluster
+        if self._cpus is None and c.cpus_per_node:
+            self._cpus = (c.cpus_per_node, "cluster.cpus_per_node")
+        elif self._cpus is None:
+            found = partition_cpus(c.partition)
+            if found:
+                where = f"partition {c.partition}" if c.partition else "the default partition"
+                self._cpus = (found, f"every node of {where} has {found} (sinfo); cluster.cpus_per_node sets it")
+            else:
+                self._cpus = (c.nproc_per_node, "one per process: sinfo could not tell the partition's CPUs per "
+                                                "node; cluster.cpus_per_node sets it")
+        return self._cpus
 
     def _node_command(self, env: dict[str, str]) -> str:
         """The node agent + torchrun (in the container, if any), quoted, but for the two arguments the job's shell
@@ -175,6 +207,10 @@ class SlurmBackend(Backend):
     def check_ready(self) -> None:
         import shutil
 
+        # A run.dir or job name an #SBATCH line cannot carry: refused before anything is written.
+        output_path(self.run_dir)
+        sbatch_quoted(self._job_name(), "cluster.job_name")
+
         for tool in ("sbatch", "scontrol"):
             if shutil.which(tool) is None:
                 raise ConfigError("cluster.name", f"cluster=slurm but {tool} is not on PATH on this node (launch "
@@ -190,7 +226,9 @@ class SlurmBackend(Backend):
         return None if state in FINAL_STATES or state == "UNKNOWN" else self.job_id
 
     def preview(self) -> str:
-        return f"sbatch script ({self.script_path()}), submitted with sbatch --parsable:\n{self.script()}"
+        cpus, why = self.cpus_per_task()
+        return (f"sbatch script ({self.script_path()}), submitted with sbatch --parsable; --cpus-per-task={cpus}: "
+                f"{why}\n{self.script()}")
 
     def script_path(self) -> str:
         return os.path.join(self.run_dir, "slurm", "job.sbatch")
@@ -217,6 +255,8 @@ class SlurmBackend(Backend):
         if out.returncode != 0:
             raise self.refusal(out.stderr or out.stdout)
         self.job_id = out.stdout.strip().split(";")[0]
+        if self.on_submitted is not None:
+            self.on_submitted(self.job_id)
         return self.job_id
 
     def refusal(self, stderr: str) -> ConfigError:
@@ -224,6 +264,8 @@ class SlurmBackend(Backend):
         lines = [ln.strip() for ln in stderr.strip().splitlines() if ln.strip()]
         said = "; ".join(lines[-2:]) or "no message"
         key = refusal_key(stderr)
+        if key is None:  # not about what the config asks for: sbatch's words, and the script it read
+            return ConfigError("cluster", f"sbatch refused the job script {self.script_path()}: {said}")
         keys = REQUEST_KEYS if key == "cluster" else (key,)
         asked = ", ".join(f"{k}={_show(self._requested(k))}" for k in keys)
         return ConfigError(key, f"sbatch refused the job ({asked}): {said}")
@@ -231,6 +273,8 @@ class SlurmBackend(Backend):
     def _requested(self, key: str):
         if key == "cluster.gpus_per_node":
             return self.gpus_per_node()
+        if key == "cluster.cpus_per_node":
+            return self.cpus_per_task()[0]
         return self.cfg.cluster[key.split(".", 1)[1]]
 
     # ------------------------------------------------------------------------------------------ following
@@ -383,7 +427,8 @@ class SlurmBackend(Backend):
             return 0
         if job == {} or state in FINAL_STATES:
             return 0
-        # The job's steps only, as --signal=USR1@N does: the batch shell has no handler and would die of USR1.
+        # The job's steps only: a USR1 to the batch shell is a preemption notice, after which the job requeues
+        # itself; a cancel is a stop.
         out = _slurm("scancel", "--signal=USR1", str(self.job_id))
         return 1 if out is not None and out.returncode == 0 else 0
 

@@ -1,5 +1,7 @@
 """The end of a Slurm job's batch script: `python -m llmtrain.launch.slurm_job_end RUN_DIR SRUN_EXIT NOTICE_S
-REQUEUE`. It decides whether the run finished, and continues one that a time limit cut short.
+REQUEUE [NOTICED]`. It decides whether the run finished, and continues one that a time limit or a preemption notice
+cut short (NOTICED=1: the batch shell got USR1, `--signal=B:USR1@N` or `scancel --batch --signal=USR1`, and passed
+it on to the workers).
 
 Before the time limit the job sends its steps USR1 (slurm_notice.py, NOTICE_S before it); the workers checkpoint and
 exit cleanly, so
@@ -52,7 +54,8 @@ def say(message: str) -> None:
     print(f"llmtrain: {message}", flush=True)
 
 
-def job_end(run_dir: str, srun_exit: int, notice_s: float, may_requeue: bool, job_id: str) -> int:
+def job_end(run_dir: str, srun_exit: int, notice_s: float, may_requeue: bool, job_id: str,
+            noticed: bool = False) -> int:
     if srun_exit != 0:
         return srun_exit  # a failure: the launcher names the rank from this job's log
     statuses = list(rank_statuses(run_dir).values())
@@ -61,30 +64,34 @@ def job_end(run_dir: str, srun_exit: int, notice_s: float, may_requeue: bool, jo
         return 0  # every rank finished its steps
     step = max(int(s.get("step") or 0) for s in stopped)
     saved = all(s.get("saved", True) for s in stopped)
-    left = seconds_left(job_id)
-    if left is None or left > notice_s + NEAR_LIMIT_SLACK_S:
+    left = None if noticed else seconds_left(job_id)
+    if not noticed and (left is None or left > notice_s + NEAR_LIMIT_SLACK_S):
         say(f"stopped at step {step} on request (not the time limit); not requeued: the same llmtrain launch "
             "command continues from the newest checkpoint")
         return 0
+    cause = "a preemption notice" if noticed else "the time limit"
     if may_requeue and saved:
-        say(f"the time limit is near: checkpoint at step {step} saved; requeueing job {job_id} to continue")
+        near = "came" if noticed else "is near"
+        say(f"{cause} {near}: checkpoint at step {step} saved; requeueing job {job_id} to continue")
         why = requeue(job_id)
         if why is None:
             return 0
     else:
         why = "no checkpoint was saved" if not saved else "cluster.requeue=false"
-    say(f"unfinished: stopped at step {step} before the time limit, and the job was not requeued ({why}); "
+    say(f"unfinished: stopped at step {step} before {cause}, and the job was not requeued ({why}); "
         "run the same llmtrain launch command to continue from the newest checkpoint")
     return EXIT_UNFINISHED
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 4:
-        print("usage: python -m llmtrain.launch.slurm_job_end RUN_DIR SRUN_EXIT NOTICE_S REQUEUE", file=sys.stderr)
+    if len(argv) not in (4, 5):
+        print("usage: python -m llmtrain.launch.slurm_job_end RUN_DIR SRUN_EXIT NOTICE_S REQUEUE [NOTICED]",
+              file=sys.stderr)
         return 2
     run_dir, srun_exit, notice_s, may_requeue = argv[0], int(argv[1]), float(argv[2]), argv[3] == "1"
-    return job_end(run_dir, srun_exit, notice_s, may_requeue, os.environ.get("SLURM_JOB_ID", ""))
+    noticed = argv[4:] == ["1"]
+    return job_end(run_dir, srun_exit, notice_s, may_requeue, os.environ.get("SLURM_JOB_ID", ""), noticed)
 
 
 if __name__ == "__main__":

@@ -8,10 +8,12 @@ not responding and its state is one a job can be scheduled on, now or once the j
 
 from __future__ import annotations
 
+import re
 import subprocess
 from dataclasses import dataclass
 
 SINFO_FORMAT = "%N|%T|%P|%E"
+CPUS_FORMAT = "%P|%c"  # partition, CPUs per node (one line per partition and node configuration)
 SINFO_TIMEOUT_S = 20
 # States a job can be placed on; anything else (down, drained, draining, fail, maint, unknown, ...) cannot.
 USABLE_STATES = {"idle", "mixed", "allocated", "completing", "planned", "reserved"}
@@ -73,3 +75,25 @@ def run_sinfo(partition: str | None) -> tuple[str | None, str | None]:
         said = (out.stderr or out.stdout).strip().splitlines()
         return None, f"sinfo failed: {said[-1] if said else f'exit code {out.returncode}'}"
     return out.stdout, None
+
+
+def parse_cpus(text: str, partition: str | None) -> int | None:
+    """The fewest CPUs a node of the partition (without one, the default partition, marked `*`) has, from `sinfo -h
+    -o '%P|%c'`; None when sinfo names none. The fewest, so that any of its nodes can run the job."""
+    rows = [line.split("|", 1) for line in text.splitlines() if "|" in line]
+    if partition is None:
+        rows = [r for r in rows if r[0].strip().endswith("*")]
+    else:
+        rows = [r for r in rows if r[0].strip().rstrip("*") == partition]
+    counts = [int(m.group()) for _, cpus in rows if (m := re.match(r"\d+", cpus.strip()))]
+    return min(counts) if counts else None
+
+
+def partition_cpus(partition: str | None) -> int | None:
+    """CPUs per node of the partition, as sinfo tells it (parse_cpus); None when sinfo cannot say."""
+    argv = ["sinfo", "-h", "-o", CPUS_FORMAT] + (["-p", partition] if partition else [])
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=SINFO_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return parse_cpus(out.stdout, partition) if out.returncode == 0 else None

@@ -35,7 +35,7 @@ NEVER_STARTS = {
 }
 
 # sbatch's refusals, matched in this order against its message, and the config key behind each; "cluster" when the
-# message does not tell which of several it is.
+# message is about the job's size without telling which of the sizes (REQUEST_KEYS) it is.
 SBATCH_REFUSALS = (
     (r"violates accounting/qos policy", "cluster"),
     (r"\baccount\b", "cluster.account"),
@@ -44,16 +44,18 @@ SBATCH_REFUSALS = (
     (r"partition", "cluster.partition"),
     (r"\bcpus?\b|cpus-per-task|processors", "cluster.cpus_per_node"),
     (r"node count|--nodes\b", "cluster.nnodes"),
-    (r"qos|constraint|feature|memory|--mem|unrecognized option|invalid option", "cluster.sbatch_extra"),
+    (r"qos|constraint|feature|memory|--mem|unrecognized option|invalid option|invalid directive",
+     "cluster.sbatch_extra"),
+    (r"requested node configuration is not available|more processors requested than permitted", "cluster"),
 )
 # What an ambiguous refusal may be about.
 REQUEST_KEYS = ("cluster.nnodes", "cluster.gpus_per_node", "cluster.cpus_per_node", "cluster.time")
 
 
-def refusal_key(stderr: str) -> str:
-    """The config key behind an sbatch refusal."""
+def refusal_key(stderr: str) -> str | None:
+    """The config key behind an sbatch refusal; None when its message names none (it is not about the request)."""
     text = stderr.lower()
-    return next((key for pattern, key in SBATCH_REFUSALS if re.search(pattern, text)), "cluster")
+    return next((key for pattern, key in SBATCH_REFUSALS if re.search(pattern, text)), None)
 
 
 def parse_fields(text: str) -> dict[str, str]:

@@ -1,0 +1,46 @@
+"""Lines of the sbatch script that Slurm and the batch shell read themselves: values quoted for #SBATCH lines, and
+the batch shell's handling of a preemption notice. slurm.py renders the rest of the script."""
+
+from __future__ import annotations
+
+import os
+
+from llmtrain.config.errors import ConfigError
+
+# A USR1 to the batch shell (`--signal=B:USR1@N` in cluster.sbatch_extra, `scancel --batch --signal=USR1`) is a
+# preemption notice: passed on to the job's steps, as the time-limit notice is (slurm_notice.py), and remembered
+# for the job's end, which then requeues the job. The shell itself lives on: without a trap, USR1 kills bash.
+# `wait` returns early (128 + 10) when the trap ran while the step still runs: step_status waits again.
+NOTICE_TRAP = [
+    "noticed=0 interrupted=0",
+    "forward_notice() {",
+    "  noticed=1 interrupted=1",
+    '  echo "llmtrain: preemption notice (USR1 to the batch shell): passed on to the job\'s steps"',
+    '  scancel --signal=USR1 "$SLURM_JOB_ID" || true',
+    "}",
+    "trap forward_notice USR1",
+    "step_status() {  # srun's exit status",
+    "  local rc=0 last",
+    "  while :; do",
+    '    interrupted=0; wait "$1"; last=$?',
+    '    [ "$last" = 127 ] && return "$rc"  # already reported, to the wait the trap cut short',
+    "    rc=$last",
+    '    { [ "$interrupted" = 1 ] && [ "$rc" -gt 128 ]; } || return "$rc"',
+    "  done",
+    "}",
+]
+
+
+def sbatch_quoted(value: str, key: str) -> str:
+    """A value as an #SBATCH line takes it: in double quotes (a space would end it). sbatch has no escape for `"` or
+    a line break: refused, naming the key it came from."""
+    if '"' in value or "\n" in value:
+        raise ConfigError(key, f"{value!r} holds a double quote or a line break, which an #SBATCH line cannot "
+                               f"carry: change {key}")
+    return f'"{value}"'
+
+
+def output_path(run_dir: str) -> str:
+    """The job's log, RUN_DIR/logs/slurm-JOBID.out, for --output: `%` in run.dir doubled (sbatch reads `%j`-style
+    patterns there)."""
+    return sbatch_quoted(os.path.join(run_dir.replace("%", "%%"), "logs", "slurm-%j.out"), "run.dir")

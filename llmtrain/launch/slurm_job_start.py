@@ -1,0 +1,33 @@
+"""The start of a Slurm job's batch script: `python -m llmtrain.launch.slurm_job_start RUN_DIR`.
+
+One job per run directory, however the job was started: `llmtrain launch` takes RUN_DIR/.lock before it submits,
+but the rendered script (RUN_DIR/slurm/job.sbatch) can be submitted again by hand. So the job itself takes the lock
+before anything else runs (run_lock.claim_for_job): a job that finds the directory held by another job or launcher
+says so in one line in its log and exits 1 before any worker starts. A requeued start of the same job is let in.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from llmtrain.config.errors import ConfigError
+from llmtrain.launch.run_lock import claim_for_job
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    job_id = os.environ.get("SLURM_JOB_ID")
+    if len(argv) != 1 or not job_id:
+        print("usage (in a Slurm job): python -m llmtrain.launch.slurm_job_start RUN_DIR", file=sys.stderr)
+        return 2
+    try:
+        claim_for_job(argv[0], job_id)
+    except ConfigError as e:
+        print(f"llmtrain: error: {e.key}: Slurm job {job_id} does not start: {e.message}", flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
