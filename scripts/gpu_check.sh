@@ -11,10 +11,11 @@
 # memory with recompute none and full against `llmtrain plan`; 6 a checkpoint saved at step 3 and resumed to step 6
 # against an uninterrupted run; 7 what an async save blocks against a sync one; 8 apex's FusedAdam when apex is
 # importable (else SKIP); 9 fp8 against bf16, both compiled: tokens/s and the loss after 30 steps within 1% (SKIP
-# without a GPU of compute capability 8.9+ or torchao).
+# without a GPU of compute capability 8.9+ or torchao); 10 llama3-1b (2048-token context) in bf16, tokens/s and
+# MFU, then fp8 against it, both compiled (fp8 not run where it cannot be).
 #
 # By default parts 1, 2, 5 and 6 run (`python3 scripts/gpu_check_parts.py plan` prints them with their limits);
-# --long runs all nine (with a deadline that fits them all), --parts the ones named, in that order (GPU_CHECK_PARTS
+# --long runs all ten (with a deadline that fits them all), --parts the ones named, in that order (GPU_CHECK_PARTS
 # does the same), --deadline sets the deadline. Each part runs under its own time limit, so one failure does not
 # hide the rest: a part that fails, crashes or overruns its limit shows FAIL with its log. A part still running at
 # the deadline is stopped and shows TIMEOUT; a part that would start after it is not started and shows SKIP.
