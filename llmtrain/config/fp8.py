@@ -119,9 +119,9 @@ def float8_tensor_parallel(cfg) -> bool:
 
 def float8_weights_per_block(cfg) -> int:
     """Weights of one block's float8 layers on one tensor-parallel rank: q, k, v, the attention projection and the
-    MLP's two matrices (biases stay in bf16); 0 unless precision=fp8."""
+    MLP's matrices (biases stay in bf16); 0 unless precision=fp8."""
     if cfg.precision.name != "fp8":
         return 0
-    m = cfg.model
-    attention = m.n_heads * (m.head_dim or m.d_model // m.n_heads)
-    return (4 * m.d_model * attention + 8 * m.d_model * m.d_model) // cfg.parallel.tp
+    from llmtrain.plan.params import block_matrix_params, block_shape
+
+    return block_matrix_params(block_shape(cfg.model)) // cfg.parallel.tp
