@@ -13,6 +13,15 @@ transformer block keeps for backward, per s*b*h (s*b*h*c bytes, c = 2), with r =
 - recompute full: the block's fp32 input; selective: as none (the attention output stays alive as the
   projection's input, so only the softmax statistics are dropped).
 
+Llama's block (model.arch=llama) by the same rules, with r_kv = n_kv_heads x head_dim / d_model and f = the MLP
+width / d_model: the RMSNorm inputs (fp32, 2 x 4 bytes; CUDA's fused rms_norm keeps its input and the per-row
+scale, not its output, unlike the composite one on CPU), LN1's output cast three times and LN2's twice (gate and
+up: 5 c); q and k after the rotation, v and the attention output ((2 r + 2 r_kv) c; the rotation itself keeps only
+its compute-dtype cos and sin, cast for q and again for k: 4 x seq x head_dim x c, any batch); SwiGLU's gate, SiLU,
+up and product outputs (4 f c). Under train.compile Llama's block is planned with its eager terms (the compile
+terms were measured on GPT-2's). These terms follow autocast's rules and the kernels' saved tensors; they have not
+been measured on a GPU.
+
 Each matmul also saves the compute-dtype copy of its weight that autocast made: a copy of the stage's weights is
 alive from forward through backward. Without a pipeline, autocast is left when the forward ends, so under full
 recompute only autograd holds copies (of the blocks not recomputed and of the head); a pipeline schedule runs
