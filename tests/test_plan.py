@@ -156,3 +156,14 @@ def test_saved_activations_per_recompute_mode_match_the_plan(arch):
         assert abs(planned / saved.total - 1) <= 0.02, (mode, planned, saved.total)
         measured[mode] = saved.total
     assert measured["full"] < 0.15 * measured["none"]
+
+
+def test_readme_llama_plan_excerpt_is_what_the_command_prints():
+    readme = (REPO / "README.md").read_text()
+    command = next(ln for ln in readme.splitlines() if ln.startswith("llmtrain plan model=llama3-8b"))
+    excerpt = readme.split("The last command above prints", 1)[1].split("```\n", 2)[1]
+    result = run_cli(command.split()[1:])
+    assert result.returncode == 0, result.stderr
+    for line in excerpt.splitlines():
+        assert line in result.stdout, line
+    assert "│ peak memory per rank   │ 30.04 GiB" in excerpt
