@@ -28,6 +28,14 @@ LAYOUTS = {
     "tp2 +sp": ["cluster.nproc_per_node=2", "parallel.tp=2", "parallel.sequence_parallel=true"],
     "recompute=full": ["cluster.nproc_per_node=1", "recompute=full"],
     "pp2 1f1b": ["cluster.nproc_per_node=2", "parallel.pp=2", "train.global_batch_size=8"],
+    # The Llama block at the same size (4 query heads, 2 key/value heads, MLP width 704); pp2 with an untied head.
+    "llama 1 process": ["model=llama-tiny", "cluster.nproc_per_node=1"],
+    "llama selective": ["model=llama-tiny", "cluster.nproc_per_node=1", "recompute=selective"],
+    "llama recompute=full": ["model=llama-tiny", "cluster.nproc_per_node=1", "recompute=full"],
+    "llama dp2 zero=3": ["model=llama-tiny", "cluster.nproc_per_node=2", "parallel.zero=3"],
+    "llama tp2 +sp": ["model=llama-tiny", "cluster.nproc_per_node=2", "parallel.tp=2", "parallel.sequence_parallel=true"],
+    "llama pp2 1f1b untied": ["model=llama-tiny", "model.tie_embeddings=false", "cluster.nproc_per_node=2",
+                              "parallel.pp=2", "train.global_batch_size=8"],
 }
 # Printed, not held to 10%: their peaks are small (~55 MiB) and have landed within 10% but up to 9% off, and a run's
 # measured peak can read a few MiB high (a free on a collective's thread goes unrecorded unless its address is
@@ -77,7 +85,8 @@ def main() -> None:
     parser.add_argument("--workdir", default=None)
     args = parser.parse_args()
     workdir = args.workdir or tempfile.mkdtemp(prefix="llmtrain-plan-bench-")
-    print("GPT 4 x 256, seq 512, micro-batch 4, fp32; MiB per rank (predicted / measured / error); peak: steps 1-2")
+    print("GPT-2 and Llama (llama-tiny's block) 4 x 256, seq 512, micro-batch 4, fp32; MiB per rank (predicted / "
+          "measured / error); peak: steps 1-2")
     print(f"{'layout':<26}{'rank':>5}{'state':>30}{'activations (1 micro-batch)':>36}{'peak':>30}")
     for name, overrides in [*LAYOUTS.items(), *((f"{k} (*)", v) for k, v in NEAR_EDGE.items())]:
         for r in compare(name, overrides, workdir):

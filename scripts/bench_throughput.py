@@ -3,7 +3,8 @@
 One process on CPU, fp32. Both sides get a fresh process per run with the same OMP_NUM_THREADS (default: the
 cores of this machine, which is what llmtrain's local launcher gives a single process):
 
-- plain: this script re-runs itself (--plain) and trains `llmtrain.model.GPT` initialized by `init_parameters`,
+- plain: this script re-runs itself (--plain) and trains the same model (`llmtrain.model.build_model`: GPT-2's
+  block, or Llama's with `--model llama-tiny`) initialized by `init_parameters`,
   with torch.optim.AdamW (same lr/betas/eps/decay groups, foreach=False like llmtrain), the same batches from
   `SampleStream(build_dataset(...))`, fp32 cross entropy, `torch.nn.utils.clip_grad_norm_` and the same
   warmup + cosine learning rate set each step. It records a timestamp after every step and the step's own time.
@@ -19,13 +20,16 @@ step pays still shows):
   best: tokens per step / the fastest step_time_s (the least disturbed step: steadiest figure on a busy machine).
 Repeats alternate which side runs first; the table gives medians over repeats and llmtrain / plain.
 
-Default size: 4 layers x d_model 128 x seq 256 (byte vocabulary), batch 8 = 2048 tokens/step, ~0.8M parameters,
-~12 GFLOP per step. A step then takes a few hundred ms on 2 idle cores, so a fixed per-step cost of a few ms
+Default size: gpt-tiny at 4 layers x d_model 128 x seq 256 (byte vocabulary), batch 8 = 2048 tokens/step, ~0.8M
+parameters, ~12 GFLOP per step. A step then takes a few hundred ms on 2 idle cores, so a fixed per-step cost of a few ms
 (Python bookkeeping, a gloo all-reduce, a metrics row) shows at the ~1% level the 0.97x goal is about, without
 being inflated the way a toy model with ~10 ms steps would inflate it; and 3 repeats of both sides stay within a
 few minutes. Bigger models (--width 256 and up) only shrink fixed per-step costs further.
 
-  python scripts/bench_throughput.py [--layers 4 --width 128 --seq 256 --batch 8 --steps 20 --skip 5 --repeats 3]
+  python scripts/bench_throughput.py [--model gpt-tiny --layers 4 --width 128 --seq 256 --batch 8 --steps 20 --skip 5
+                                     --repeats 3]
+  --model names a built-in model config (configs/model/); the shape flags override its sizes (llama-tiny keeps its
+  2 key/value heads and its MLP width).
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ import time
 
 
 def overrides(a) -> list[str]:
-    return [f"model.n_layers={a.layers}", f"model.d_model={a.width}", f"model.n_heads={a.heads}",
+    return [f"model={a.model}", f"model.n_layers={a.layers}", f"model.d_model={a.width}", f"model.n_heads={a.heads}",
             f"model.seq_len={a.seq}", f"data={a.data}", f"train.micro_batch_size={a.batch}",
             f"train.global_batch_size={a.batch}", f"train.max_steps={a.steps}", "train.log_interval=1",
             "train.eval_interval=0", "checkpoint.at_end=false", "checkpoint.resume=none",
@@ -55,13 +59,13 @@ def plain_loop(a) -> None:
 
     from llmtrain.config import compose_config
     from llmtrain.data import SampleStream, build_dataset
-    from llmtrain.model import GPT, GPTArgs, init_parameters
+    from llmtrain.model import build_model, init_parameters
     from llmtrain.train.optim import lr_at
 
     cfg = compose_config(overrides(a))
     m, t = cfg.model, cfg.train
     torch.manual_seed(t.seed)
-    model = GPT(GPTArgs.from_config(m))
+    model = build_model(m)
     init_parameters(model, t.seed, m.init_std, m.n_layers)
     params = list(model.parameters())
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": t.weight_decay},
@@ -124,6 +128,7 @@ def steady(a, ends: list[float], step_times: list[float]) -> tuple[float, float,
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="gpt-tiny", help="a built-in model config, e.g. llama-tiny")
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--width", type=int, default=128)
     p.add_argument("--heads", type=int, default=4)
@@ -141,7 +146,7 @@ def main() -> None:
     if a.plain:
         return plain_loop(a)
 
-    print(f"GPT {a.layers} layers x {a.width}, {a.heads} heads, seq {a.seq}, batch {a.batch} "
+    print(f"{a.model}: {a.layers} layers x {a.width}, {a.heads} heads, seq {a.seq}, batch {a.batch} "
           f"({a.batch * a.seq} tokens/step), data={a.data}, fp32 CPU, OMP_NUM_THREADS={a.threads}; "
           f"steps {a.skip + 1}..{a.steps} of {a.steps}, {a.repeats} repeats", flush=True)
     results = {"plain": [], "llmtrain": []}

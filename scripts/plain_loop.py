@@ -1,7 +1,7 @@
 """The reference for llmtrain's throughput: the same model trained by a plain PyTorch loop in one process.
 
 Takes the same config overrides as `llmtrain launch` and builds the same thing without llmtrain's trainer:
-`llmtrain.model.GPT` initialized by `init_parameters`, the same batches (`SampleStream`), autocast in the
+the configured model (`llmtrain.model.build_model`: GPT-2 or Llama) initialized by `init_parameters`, the same batches (`SampleStream`), autocast in the
 configured compute dtype, fp32 cross entropy, gradient accumulation over global / micro batches, clipping, the
 warmup + cosine learning rate and AdamW (torch's fused kernel unless --no-fused; train.compile=true compiles each
 block as llmtrain does). Writes one JSON object to --out (and stdout): per-step times, the median tokens/s over the
@@ -29,7 +29,7 @@ def train(cfg, steps: int, fused: bool) -> dict:
     import torch.nn.functional as F
 
     from llmtrain.data import SampleStream, build_dataset
-    from llmtrain.model import GPT, GPTArgs, init_parameters
+    from llmtrain.model import build_model, init_parameters
     from llmtrain.train.optim import lr_at
 
     cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
@@ -38,10 +38,10 @@ def train(cfg, steps: int, fused: bool) -> dict:
     dtype = {"float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}[cfg.precision.compute_dtype]
     torch.manual_seed(t.seed)
     with torch.device("meta"):  # materialized on the device, then initialized there, as llmtrain does
-        model = GPT(GPTArgs.from_config(m))
+        model = build_model(m)
     model.to_empty(device=device)
     model.tie_weights()
-    init_parameters(model, t.seed, m.init_std, m.n_layers)
+    init_parameters(model, t.seed, m.init_std, m.n_layers)  # also recomputes Llama's rotary frequencies
     if t.compile:
         for block in model.layers.values():
             block.compile()

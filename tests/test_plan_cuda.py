@@ -66,3 +66,29 @@ def test_cpu_keeps_its_own_model():
 def test_compile_keeps_less_than_eager():
     base = MODEL + ["train.micro_batch_size=8", "train.global_batch_size=16"]
     assert planned(base + ["train.compile=true"]).peak_bytes_per_rank < planned(base).peak_bytes_per_rank
+
+
+@pytest.mark.parametrize("arch", ["gpt-tiny", "llama-tiny"])
+def test_block_terms_match_what_autocast_saves(arch):
+    """cuda_memory.layer_bytes against one block run under CPU autocast (bf16), whose casting rules are CUDA's for
+    these ops: the bytes autograd saves, less the blocks' bf16 weight copies (planned separately) and, for Llama,
+    the two fp32 tensors CPU's composite rms_norm keeps besides its input (CUDA's fused kernel does not)."""
+    import torch
+
+    from llmtrain.model import build_model, init_parameters
+    from llmtrain.plan import cuda_memory
+    from llmtrain.train.memory import SavedActivations
+
+    cfg = compose_config([f"model={arch}", "model.d_model=256", "model.seq_len=256", "precision=bf16"])
+    m, b = cfg.model, 2
+    model = build_model(m)
+    init_parameters(model, 0, 0.02, m.n_layers)
+    block = model.layers["0"]
+    sbh = m.seq_len * b * m.d_model
+    x = torch.randn(b, m.seq_len, m.d_model, requires_grad=True) * 1.0
+    with torch.autocast("cpu", dtype=torch.bfloat16), SavedActivations([]) as saved:
+        block(x)
+    weight_copies = 2 * sum(p.numel() for p in block.parameters() if p.dim() == 2)
+    composite_norms = 2 * 4 * sbh if m.arch == "llama" else 0
+    measured = saved.total - weight_copies - composite_norms
+    assert abs(cuda_memory.layer_bytes(cfg, b) / measured - 1) <= 0.01, (measured / sbh, arch)

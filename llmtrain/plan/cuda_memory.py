@@ -13,6 +13,15 @@ transformer block keeps for backward, per s*b*h (s*b*h*c bytes, c = 2), with r =
 - recompute full: the block's fp32 input; selective: as none (the attention output stays alive as the
   projection's input, so only the softmax statistics are dropped).
 
+Llama's block (model.arch=llama) by the same rules, with r_kv = n_kv_heads x head_dim / d_model and f = the MLP
+width / d_model: the RMSNorm inputs (fp32, 2 x 4 bytes; CUDA's fused rms_norm keeps its input and the per-row
+scale, not its output, unlike the composite one on CPU), LN1's output cast three times and LN2's twice (gate and
+up: 5 c); q and k after the rotation, v and the attention output ((2 r + 2 r_kv) c; the rotation itself keeps only
+its compute-dtype cos and sin, cast for q and again for k: 4 x seq x head_dim x c, any batch); SwiGLU's gate, SiLU,
+up and product outputs (4 f c). Under train.compile Llama's block is planned with its eager terms (the compile
+terms were measured on GPT-2's). These terms follow autocast's rules and the kernels' saved tensors; they have not
+been measured on a GPU.
+
 Each matmul also saves the compute-dtype copy of its weight that autocast made: a copy of the stage's weights is
 alive from forward through backward. Without a pipeline, autocast is left when the forward ends, so under full
 recompute only autograd holds copies (of the blocks not recomputed and of the head); a pipeline schedule runs
@@ -41,6 +50,7 @@ from __future__ import annotations
 
 from llmtrain.config.derived import DTYPE_BYTES, padded_vocab_size
 from llmtrain.config.fp8 import float8_tensor_parallel, float8_weights_per_block
+from llmtrain.plan.params import block_shape, embedding_params, is_llama
 
 FP32 = 4
 FP8 = 1
@@ -58,29 +68,32 @@ def _compute_size(cfg) -> int:
     return SIZES[cfg.precision.compute_dtype]
 
 
-def attention_ratio(cfg) -> float:
-    m = cfg.model
-    return m.n_heads * (m.head_dim or m.d_model // m.n_heads) / m.d_model
-
-
 def layer_bytes(cfg, micro_batch: int, mode: str | None = None) -> float:
     """Bytes autograd saves for one block under recompute `mode` (default: the configured one), weights excluded."""
     m, p = cfg.model, cfg.parallel
     sbh = m.seq_len * micro_batch * m.d_model
     c, t = _compute_size(cfg), p.tp
-    sp = t if p.sequence_parallel else 1  # sequence parallel shards what LayerNorm and the residual touch
+    sp = t if p.sequence_parallel else 1  # sequence parallel shards what the norms and the residual touch
     mode = mode or cfg.recompute.mode
     if mode == "full":
         return FP32 * sbh / sp
-    split = (4 * attention_ratio(cfg) + 8) * c / t  # head- or hidden-sharded under tensor parallel
-    if float8_tensor_parallel(cfg):  # one float8 cast of each LN output; float8 copies of the row-parallel inputs
+    shape = block_shape(m)
+    r = shape.attention / m.d_model
+    attention = (2 * shape.attention + 2 * shape.kv) / m.d_model  # q, k, v and the attention output
+    hidden = shape.ffn / m.d_model
+    mlp = (4 if shape.gated else 2) * hidden  # fc and GELU outputs; SwiGLU: gate, SiLU, up and product outputs
+    split = (attention + mlp) * c / t  # head- or hidden-sharded under tensor parallel
+    casts = 3 + shape.mlp_in_matrices  # norm outputs cast once per matmul that reads them
+    # Llama: the rotation casts cos and sin (seq x head_dim) to the compute dtype for q and for k; the products save them
+    rope = 4 * m.seq_len * (shape.attention // m.n_heads) * c if is_llama(m) else 0.0
+    if float8_tensor_parallel(cfg):  # one float8 cast of each norm output; float8 copies of the row-parallel inputs
         replicated = 2 * FP32 / sp + 2 * FP8
-        split = (4 * attention_ratio(cfg) * c + attention_ratio(cfg) * FP8 + 4 * c + 4 * FP8) / t
-    elif cfg.train.compile:
+        split = (attention * c + r * FP8 + (mlp - hidden) * c + hidden * FP8) / t
+    elif cfg.train.compile and not is_llama(m):  # measured for GPT-2's block only; Llama's uses the eager terms
         replicated = FP32 / sp + c + c / sp + c  # LN1 input, its one cast, attention projection output, LN2 cast
     else:
-        replicated = 2 * FP32 / sp + 4 * c  # LN inputs; three casts of LN1's output, one of LN2's
-    return (replicated + split) * sbh
+        replicated = 2 * FP32 / sp + casts * c  # norm inputs and the casts of their outputs
+    return (replicated + split) * sbh + rope
 
 
 def block_params_per_rank(cfg, block: int, block_split: int) -> int:
@@ -102,10 +115,11 @@ def weight_copies(cfg, dims, stage, recomputed: int, block_per_rank: int) -> tup
     m, tp = cfg.model, cfg.parallel.tp
     copied = copied_block_params(cfg, dims, block_per_rank)
     cast = stage.params_per_rank - (block_per_rank - copied) * len(stage.layers)  # float8 weights: no copy
-    if stage.stage == 0:  # the embeddings are looked up in fp32; only the tied head (last stage) is a matmul
-        cast -= m.seq_len * m.d_model
-        if stage.stage != cfg.parallel.pp * cfg.parallel.virtual_stages - 1:
-            cast -= padded_vocab_size(m) * m.d_model // tp
+    if stage.stage == 0:  # the embeddings are looked up in fp32; only a head (last stage) is a matmul
+        tok, pos, untied_head = embedding_params(m)
+        cast -= pos
+        if untied_head or stage.stage != cfg.parallel.pp * cfg.parallel.virtual_stages - 1:
+            cast -= tok // tp
     whole = cast * c
     dropped = recomputed * copied * c if cfg.recompute.mode == "full" else 0.0
     # A pipeline's autocast cache, or FSDP's unsharded parameters (zero 0), keep the copies autograd does not.
@@ -121,13 +135,14 @@ def cached_only_bytes(cfg, dims, recomputed: int, block_per_rank: int) -> float:
 
 
 def float8_transient_bytes(cfg, micro_batch: int) -> float:
-    """precision=fp8: the float8 copies of the largest block matmul's (the MLP fc's) weight, input and output
-    gradient, alive during its backward; 0 otherwise."""
+    """precision=fp8: the float8 copies of the largest block matmul's (an MLP input matrix's) weight, input and
+    output gradient, alive during its backward; 0 otherwise."""
     if cfg.precision.name != "fp8":
         return 0.0
     m, t = cfg.model, cfg.parallel.tp
     sbh = m.seq_len * micro_batch * m.d_model
-    return FP8 * (4 * m.d_model * m.d_model / t + sbh + 4 * sbh / t)
+    hidden = block_shape(m).ffn / m.d_model
+    return FP8 * (hidden * m.d_model * m.d_model / t + sbh + hidden * sbh / t)
 
 
 def logits_bytes(cfg, micro_batch: int) -> float:

@@ -1,13 +1,22 @@
 """The numbers `llmtrain plan` reports, computed from the config alone (no process group, no GPU).
 
-Parameter counts follow model.py's GPT and the trainer's pipeline split and tensor-parallel rules exactly (the
-tests compare them with the real model on every rank); no torch import, so a plan takes well under a second. Memory follows the ZeRO paper for model state (fp32 weights,
-gradients and two AdamW moments, sharded by zero level) and Korthikanti et al. 2022 for activations, adjusted to
-what this trainer keeps: fused attention (SDPA) stores no seq x seq matrix and there are no dropout masks, so a
-layer keeps 17 s*b*h elements (LN inputs 2, q/k/v input 1, q/k/v 3, attention output + its reshaped copy 2,
-MLP input 1, fc output 4, GELU output 4), 4 s*b*h of them replicated under tensor parallel (2 under sequence
-parallel), plus the fp32 logits and log-softmax of the loss. The peak adds the pipeline runtime's buffers, one
-backward temporary, under recompute one block's activations rebuilt during its backward, and under TP one
+Parameter counts and FLOPs come from params.py (exact for both architectures, per stage and rank; the tests compare
+them with the real model); no torch import, so a plan takes well under a second. Memory follows the ZeRO paper for
+model state (fp32 weights, gradients and two AdamW moments, sharded by zero level) and Korthikanti et al. 2022 for
+activations, adjusted to what this trainer keeps on CPU in fp32 (measured with a saved-tensor hook): fused
+attention (SDPA) stores no seq x seq matrix, its output is in the layout the projection reads (no reshaped copy)
+and there are no dropout masks. In s*b*h elements, with r = n_heads x head_dim / d_model, r_kv the same for k/v
+and f = the MLP width / d_model, a block keeps
+- its norm inputs (2), and for Llama the normalized tensors too (2: torch's rms_norm is composite on CPU);
+- the norm outputs, inputs of the column-parallel matmuls (2);
+- q, k, v and the attention output (2 r + 2 r_kv; Llama's q and k after the rotation);
+- GPT-2: the fc and GELU outputs (2 f); Llama (SwiGLU): the gate, SiLU, up and product outputs (4 f);
+- Llama: the rotation's cos and sin (seq x head_dim each, independent of the batch).
+GPT-2 keeps 16 s*b*h, llama-tiny (r 1, r_kv 1/2, f 2.75) 20. Under tensor parallel the first two groups are
+replicated (sequence parallel shards the first), the rest are split. Selective recompute keeps as much (the
+attention output it would drop is the projection's saved input too; only the softmax statistics go), full keeps
+the block input only. Plus the loss's tensors (loss_bytes). The peak adds the pipeline runtime's buffers, one
+backward temporary, under full recompute one block's activations rebuilt during its backward, and under TP one
 all-reduce in flight. On a CUDA device under autocast (bf16/fp16) the memory follows cuda_memory.py instead, which
 adds what autocast keeps (fp32 residual stream, cast copies of inputs and weights) and the loss's fp32 tensors.
 Step time is an estimate from stated assumptions (matmul efficiency, exposed communication), reported as such.
@@ -15,31 +24,20 @@ Step time is an estimate from stated assumptions (matmul efficiency, exposed com
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
-from llmtrain.config.schema import SINGLE_STAGE_SCHEDULES
 from llmtrain.config.derived import DTYPE_BYTES, padded_vocab_size
 from llmtrain.config.fp8 import float8_all_gather, float8_tensor_parallel, float8_weights_per_block
+from llmtrain.config.schema import SINGLE_STAGE_SCHEDULES
 from llmtrain.parallel import layout as pp_lib
 from llmtrain.parallel.layout import ParallelDims
 from llmtrain.plan import cuda_memory
+from llmtrain.plan.params import StagePlan, block_params, block_shape, flops_per_token, is_llama, stage_params
+
+__all__ = ["Plan", "StagePlan", "build_plan", "flops_per_token", "stage_params"]  # params.py's are re-exported
 
 BYTES = DTYPE_BYTES
 FP8 = 1
-# Elements per s*b*h that one layer keeps for backward (see the module docstring); replicated part under TP.
-ACT_PER_LAYER, ACT_REPLICATED, ACT_LN_INPUTS = 16, 4, 2
-
-
-@dataclass
-class StagePlan:
-    stage: int
-    layers: list[int]
-    params: int          # this stage's parameters (whole, before TP)
-    params_per_rank: int  # after tensor parallel (before ZeRO sharding)
-    in_flight: float     # micro-batches whose activations are alive at the peak
-    activation_bytes: float
-    state_bytes: dict = field(default_factory=dict)
-    peak_bytes: float = 0.0
 
 
 @dataclass
@@ -66,72 +64,35 @@ class Plan:
         return asdict(self)
 
 
-def flops_per_token(cfg, n_params_non_embedding: int) -> float:
-    """Training FLOPs per token: 6 x (non-embedding parameters + the output head's d x V) + 6 x L x s x d for
-    causal attention scores and values (Kaplan et al. 2020; recompute is not model FLOPs)."""
-    m = cfg.model
-    head = m.d_model * padded_vocab_size(m)
-    return 6.0 * (n_params_non_embedding + head) + 6.0 * m.n_layers * m.seq_len * m.d_model
-
-
-def _block_params(cfg) -> tuple[int, int]:
-    """(parameters of one transformer block, of them split by tensor parallel) for model.py's Block."""
-    m = cfg.model
-    d = m.d_model
-    a = m.n_heads * (m.head_dim or d // m.n_heads)  # attention width (q/k/v outputs)
-    qkv = 3 * (d * a + a)
-    proj = a * d + d
-    fc, fc_out = d * 4 * d + 4 * d, 4 * d * d + d
-    layer_norms = 2 * 2 * d
-    total = qkv + proj + fc + fc_out + layer_norms
-    # column-parallel q/k/v and fc (weights and biases), row-parallel proj weights; biases of row-parallel
-    # layers and LayerNorms are replicated
-    split = qkv + a * d + fc + 4 * d * d
-    return total, split
-
-
-def stage_params(cfg) -> tuple[list[StagePlan], int, int]:
-    """Per-stage parameter counts (exact for model.py's GPT; the tests check against the real model) and the
-    model's total and non-embedding counts."""
-    m, p = cfg.model, cfg.parallel
-    vocab = padded_vocab_size(m)
-    block, block_split = _block_params(cfg)
-    tok, pos, norm = vocab * m.d_model, m.seq_len * m.d_model, 2 * m.d_model
-    total = tok + pos + norm + block * m.n_layers
-    stages_n = p.pp * p.virtual_stages
-    counts = pp_lib.layers_per_stage(m.n_layers, stages_n, p.pp_layers)
-    plans = []
-    for s in range(stages_n):
-        n = block * counts[s]
-        per_rank = (block - block_split + block_split // p.tp) * counts[s]
-        if s == 0:  # token embedding (vocab-parallel) and positions (replicated)
-            n, per_rank = n + tok + pos, per_rank + tok // p.tp + pos
-        if s == stages_n - 1:  # final norm; the head is tied (on another stage: a copy of the embedding)
-            n, per_rank = n + norm, per_rank + norm
-            if s != 0:
-                n, per_rank = n + tok, per_rank + tok // p.tp
-        start = sum(counts[:s])
-        plans.append(StagePlan(s, list(range(start, start + counts[s])), n, per_rank, 0.0, 0.0))
-    return plans, total, total - tok - pos
+def saved_per_layer(model_cfg) -> tuple[float, float, float]:
+    """What one block keeps for backward on CPU, in s*b*h elements (see the module docstring): (norm inputs and
+    intermediates: sharded by sequence parallel, the norm outputs: replicated under tensor parallel, the rest:
+    split by tensor parallel)."""
+    shape = block_shape(model_cfg)
+    d = shape.d_model
+    norms = 4.0 if is_llama(model_cfg) else 2.0
+    attention = (2 * shape.attention + 2 * shape.kv) / d
+    mlp = (4 if shape.gated else 2) * shape.ffn / d
+    return norms, 2.0, attention + mlp
 
 
 def activation_bytes_per_layer(cfg, micro_batch: int, mode: str | None = None) -> float:
-    """Bytes one layer keeps for backward under recompute `mode` (default: the configured one)."""
+    """Bytes one layer keeps for backward under recompute `mode` (default: the configured one). Selective
+    recompute keeps as much as none: the attention output it would drop is the projection's saved input."""
     m, p = cfg.model, cfg.parallel
     sbh = m.seq_len * micro_batch * m.d_model
     size = BYTES[cfg.precision.compute_dtype]
     t = p.tp
     mode = mode or cfg.recompute.mode
     if mode == "full":
-        kept = 1.0 / (t if p.sequence_parallel else 1)  # the block input only
-    else:
-        # Sequence parallel shards the LayerNorm inputs; the column-parallel inputs are saved after DTensor's
-        # all-gather, at full sequence length (Megatron re-gathers them in backward instead).
-        replicated = (ACT_LN_INPUTS / t + ACT_REPLICATED - ACT_LN_INPUTS) if p.sequence_parallel else ACT_REPLICATED
-        kept = replicated + (ACT_PER_LAYER - ACT_REPLICATED) / t
-        if mode == "selective":
-            kept -= 1.0 / t  # the attention output saved inside SDPA is recomputed
-    return kept * sbh * size
+        return sbh * size / (t if p.sequence_parallel else 1)  # the block input only
+    # Sequence parallel shards the norms' tensors; the column-parallel inputs are saved after DTensor's
+    # all-gather, at full sequence length (Megatron re-gathers them in backward instead).
+    norms, column_inputs, split = saved_per_layer(m)
+    kept = norms / (t if p.sequence_parallel else 1) + column_inputs + split / t
+    # Llama's rotation keeps cos and sin (seq x head_dim each, shared by q and k)
+    rope = 2 * m.seq_len * block_shape(m).attention // m.n_heads * size if is_llama(m) else 0
+    return kept * sbh * size + rope
 
 
 def in_flight(cfg, stage_rank: int, micro: int) -> float:
@@ -183,11 +144,15 @@ def state_bytes(cfg, dims: ParallelDims, params_per_rank: int, layers: int = 0) 
 
 
 def loss_bytes(cfg, micro_batch: int) -> float:
-    """The last stage's extra: the head's input (full: gathered under sequence parallel) and the fp32 logits and
-    log-softmax of one micro-batch (vocabulary-sharded under TP)."""
+    """The last stage's extra: the head's input (full: gathered under sequence parallel), for Llama the final
+    RMSNorm's normalized tensor, and the fp32 logits and log-softmax of one micro-batch (vocabulary-sharded under
+    TP)."""
     m = cfg.model
     size = BYTES[cfg.precision.compute_dtype]
     head_input = micro_batch * m.seq_len * m.d_model * size
+    if is_llama(m):  # sharded with the sequence under sequence parallel
+        sp = cfg.parallel.tp if cfg.parallel.sequence_parallel else 1
+        head_input += micro_batch * m.seq_len * m.d_model * size / sp
     return head_input + 2 * 4 * micro_batch * m.seq_len * padded_vocab_size(m) / cfg.parallel.tp
 
 
@@ -208,9 +173,12 @@ def pipeline_buffer_bytes(cfg, stage: int, n_stages: int, micro: int, boundary_s
 
 
 def backward_temporary_bytes(cfg, micro_batch: int) -> float:
-    """The largest short-lived tensor of backward: the gradient of one layer's MLP hidden activation (s*b*4h/t)."""
+    """The largest short-lived tensors of backward: the gradient of one layer's MLP hidden activation (s*b*f/t);
+    SwiGLU's product backward makes two of them (the SiLU output's and the up projection's) from a third."""
     m = cfg.model
-    return 4 * m.seq_len * micro_batch * m.d_model / cfg.parallel.tp * BYTES[cfg.precision.compute_dtype]
+    shape = block_shape(m)
+    hidden = m.seq_len * micro_batch * shape.ffn / cfg.parallel.tp * BYTES[cfg.precision.compute_dtype]
+    return hidden * (2 if shape.gated else 1)
 
 
 def tp_collective_bytes(cfg, micro_batch: int) -> float:
@@ -256,7 +224,7 @@ def _cuda_moments(cfg, dims: ParallelDims, held: list[StagePlan], n_stages: int,
     mb = cfg.train.micro_batch_size
     m, tp = cfg.model, cfg.parallel.tp
     holds_embedding = any(s.stage in (0, n_stages - 1) for s in held)
-    largest = padded_vocab_size(m) * m.d_model / tp if holds_embedding else 4 * m.d_model * m.d_model / tp
+    largest = (padded_vocab_size(m) * m.d_model if holds_embedding else block_shape(m).ffn * m.d_model) / tp
     if dims.zero >= 2:
         largest /= dims.dp_shard  # the optimizer updates its shard
     return cuda_memory.rank_peak(
@@ -276,7 +244,7 @@ def build_plan(cfg, peak_flops: float, memory_bytes: float | None, hw: dict) -> 
     layer_bytes = cuda_memory.layer_bytes if cuda else activation_bytes_per_layer
     per_layer = layer_bytes(cfg, t.micro_batch_size)
     full_layer = layer_bytes(cfg, t.micro_batch_size, "none")
-    block_per_rank = cuda_memory.block_params_per_rank(cfg, *_block_params(cfg))
+    block_per_rank = cuda_memory.block_params_per_rank(cfg, *block_params(cfg.model))
     every = cfg.recompute.every
     notes = []
     ranks_stages = {r: pp_lib.stage_ids(r, p.pp, p.virtual_stages, p.pp_schedule) for r in range(p.pp)} \
