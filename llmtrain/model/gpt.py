@@ -1,9 +1,8 @@
 """GPT-2 architecture: learned positions, pre-LayerNorm blocks, GELU MLP, output head tied to the token embedding.
 
-Parallelism is applied from outside (llmtrain.parallel): layers live in an nn.ModuleDict keyed by their global
-index so parameter names survive a pipeline split, and a pipeline stage simply sets the modules it does not own
-(embeddings, final norm, head) to None. q, k and v are separate projections so tensor parallel can shard them by
-head without reordering a fused weight.
+Parallelism is applied from outside (llmtrain.parallel); the stack shared with Llama (embedding, blocks keyed
+by global index, final norm, head) is model/decoder.py. q, k and v are separate projections so tensor parallel
+can shard them by head without reordering a fused weight.
 """
 
 from __future__ import annotations
@@ -13,6 +12,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from llmtrain.model.decoder import Decoder
 
 
 @dataclass
@@ -108,29 +109,6 @@ class Embedding(nn.Module):
         return self.drop(self.tok(idx) + self.pos(positions))
 
 
-class GPT(nn.Module):
+class GPT(Decoder):
     def __init__(self, args: GPTArgs):
-        super().__init__()
-        self.args = args
-        self.embed: Embedding | None = Embedding(args)
-        self.layers = nn.ModuleDict({str(i): Block(args) for i in range(args.n_layers)})
-        self.norm: nn.LayerNorm | None = nn.LayerNorm(args.d_model, eps=args.norm_eps)
-        self.head: nn.Linear | None = nn.Linear(args.d_model, args.vocab_size, bias=False)
-        self.tie_weights()
-
-    def tie_weights(self) -> None:
-        """GPT-2 ties the output head to the token embedding (one parameter, named embed.tok.weight)."""
-        if self.embed is not None and self.head is not None:
-            self.head.weight = self.embed.tok.weight
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Token ids (b, t) -> logits (b, t, vocab); a pipeline stage without embed/head maps hidden -> hidden."""
-        h = self.embed(x) if self.embed is not None else x
-        for layer in self.layers.values():
-            h = layer(h)
-        if self.norm is not None:
-            h = self.norm(h)
-        return self.head(h) if self.head is not None else h
-
-    def num_params(self) -> int:
-        return sum(p.numel() for p in self.parameters())
+        super().__init__(args, Embedding(args), Block, nn.LayerNorm(args.d_model, eps=args.norm_eps))

@@ -1,9 +1,9 @@
 """Llama-3-style decoder: rotary positions, pre-RMSNorm blocks, SwiGLU MLP, grouped-query attention, no biases,
 output head tied to the token embedding or not.
 
-Laid out like gpt.py so the same parallel code applies from outside (llmtrain.parallel): layers in an
-nn.ModuleDict keyed by global index, embed/norm/head set to None on pipeline stages that do not own them, and
-separate q/k/v projections (k and v with n_kv_heads heads) so tensor parallel shards them by head.
+Built on the same stack as gpt.py (model/decoder.py), so the same parallel code applies from outside
+(llmtrain.parallel); q/k/v are separate projections (k and v with n_kv_heads heads) so tensor parallel shards
+them by head.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from llmtrain.model.decoder import Decoder
 from llmtrain.model.rope import apply_rotary, cos_sin, inverse_frequencies
 
 
@@ -139,29 +140,6 @@ class Embedding(nn.Module):
         return self.tok(idx)
 
 
-class Llama(nn.Module):
+class Llama(Decoder):
     def __init__(self, args: LlamaArgs):
-        super().__init__()
-        self.args = args
-        self.embed: Embedding | None = Embedding(args)
-        self.layers = nn.ModuleDict({str(i): Block(args) for i in range(args.n_layers)})
-        self.norm: nn.RMSNorm | None = nn.RMSNorm(args.d_model, eps=args.norm_eps)
-        self.head: nn.Linear | None = nn.Linear(args.d_model, args.vocab_size, bias=False)
-        self.tie_weights()
-
-    def tie_weights(self) -> None:
-        """With tie_embeddings the head shares the token embedding's weight (one parameter, embed.tok.weight)."""
-        if self.args.tie_embeddings and self.embed is not None and self.head is not None:
-            self.head.weight = self.embed.tok.weight
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Token ids (b, t) -> logits (b, t, vocab); a pipeline stage without embed/head maps hidden -> hidden."""
-        h = self.embed(x) if self.embed is not None else x
-        for layer in self.layers.values():
-            h = layer(h)
-        if self.norm is not None:
-            h = self.norm(h)
-        return self.head(h) if self.head is not None else h
-
-    def num_params(self) -> int:
-        return sum(p.numel() for p in self.parameters())
+        super().__init__(args, Embedding(args), Block, nn.RMSNorm(args.d_model, eps=args.norm_eps))

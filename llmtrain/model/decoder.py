@@ -1,0 +1,38 @@
+"""The stack both families share: token embedding, blocks, final norm, output head.
+
+Blocks live in an nn.ModuleDict keyed by their global index so parameter names survive a pipeline split, and a
+pipeline stage sets the modules it does not own (embed, norm, head) to None; the parallel code relies on both.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class Decoder(nn.Module):
+    def __init__(self, args, embed: nn.Module, block: type[nn.Module], norm: nn.Module):
+        super().__init__()
+        self.args = args
+        self.embed: nn.Module | None = embed
+        self.layers = nn.ModuleDict({str(i): block(args) for i in range(args.n_layers)})
+        self.norm: nn.Module | None = norm
+        self.head: nn.Linear | None = nn.Linear(args.d_model, args.vocab_size, bias=False)
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        """A tied head shares the token embedding's weight (one parameter, named embed.tok.weight)."""
+        if self.args.tie_embeddings and self.embed is not None and self.head is not None:
+            self.head.weight = self.embed.tok.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Token ids (b, t) -> logits (b, t, vocab); a pipeline stage without embed/head maps hidden -> hidden."""
+        h = self.embed(x) if self.embed is not None else x
+        for layer in self.layers.values():
+            h = layer(h)
+        if self.norm is not None:
+            h = self.norm(h)
+        return self.head(h) if self.head is not None else h
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
