@@ -63,6 +63,14 @@ def ckpt250(tmp_path_factory):
     return path, model, cfg
 
 
+@pytest.fixture(scope="module")
+def ckpt_mlp48(tmp_path_factory):
+    """A GPT-2 whose MLP width and LayerNorm epsilon are not the defaults (model.ffn_dim, model.norm_eps)."""
+    path = tmp_path_factory.mktemp("ck") / "step-0000007"
+    model, cfg = make_checkpoint(path, "model.vocab_size=256", "model.ffn_dim=48", "model.norm_eps=0.5", seed=2)
+    return path, model, cfg
+
+
 def _dir_snapshot(path: Path) -> dict[str, bytes]:
     return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
 
@@ -153,7 +161,7 @@ def test_load_model_state_gives_full_tensors_with_llmtrain_names(ckpt250):
 # ---- export --------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("which", ["ckpt256", "ckpt250"])
+@pytest.mark.parametrize("which", ["ckpt256", "ckpt250", "ckpt_mlp48"])
 def test_hf_export_loads_in_transformers_with_equal_logits(which, request, tmp_path):
     path, model, cfg = request.getfixturevalue(which)
     out = tmp_path / "hf"

@@ -41,6 +41,9 @@ def refusal(capsys, *overrides: str) -> str:
     (["model.arch=mamba"], "model.arch: must be one of gpt2, llama (got mamba)"),
     ([*TINY, "model.ffn_dim=100", "parallel.tp=8", "cluster.nproc_per_node=8", "model.n_heads=8",
       "model.n_kv_heads=8"], "parallel.tp: tp=8 must divide the MLP width 100 (model.ffn_dim)"),
+    ([*TINY, "model.rope_scaling.factor=8"], "model.rope_scaling.factor: model.rope_scaling is null here; set the "
+                                             "section whole: model.rope_scaling={factor:...}"),
+    (["model=llama3-8b", "model.rope_scaling.fctor=8"], "model.rope_scaling.fctor: unknown key"),
     ([*TINY, "model.rope_scaling={factor:8,high_freq_factor:1}"],
      "model.rope_scaling.high_freq_factor: must exceed low_freq_factor=1.0 (got 1.0)"),
 ])
@@ -130,3 +133,61 @@ def test_gpt2_is_unchanged():
     assert model.num_params() == 842_496
     assert "embed.pos.weight" in dict(model.named_parameters())
     assert model.layers["0"].ln_1.eps == 1e-5 and model.layers["0"].mlp.fc.out_features == 512
+
+
+def test_a_llama_run_may_resume_with_another_seq_len_but_not_another_shape():
+    from llmtrain.checkpoint.diff import check_resumable
+    from llmtrain.checkpoint.store import CheckpointError
+
+    saved = compose_config(["model=llama-tiny"])
+    diff = check_resumable(saved, compose_config(["model=llama-tiny", "model.seq_len=256"]), "ckpt")
+    assert diff == [("model.seq_len", 128, 256)]
+    with pytest.raises(CheckpointError, match=r"model.n_kv_heads 2 -> 4 "):
+        check_resumable(saved, compose_config(["model=llama-tiny", "model.n_kv_heads=4"]), "ckpt")
+    with pytest.raises(CheckpointError, match=r"model.tie_embeddings True -> False"):
+        check_resumable(saved, compose_config(["model=llama-tiny", "model.tie_embeddings=false"]), "ckpt")
+    with pytest.raises(CheckpointError, match=r"model.seq_len 128 -> 256"):  # GPT-2's position table
+        check_resumable(compose_config([]), compose_config(["model.seq_len=256"]), "ckpt")
+
+
+# ---- fp8 (torchao float8): validation and the module swap, which run on the CPU -------------------------------
+
+FP8_H100 = ["model=llama-tiny", "precision=fp8", "hardware=h100", "device=cuda"]
+
+
+def test_fp8_validation_accepts_llama_and_checks_its_key_value_and_mlp_widths(capsys):
+    from llmtrain.config import validate
+
+    pytest.importorskip("torchao")
+    validate(compose_config(FP8_H100))  # widths 128, 128, 64 (kv), 352 (SwiGLU)
+    prefix = "precision: fp8's float8 matmuls take only dimensions that are multiples of 16, and "
+    assert refusal(capsys, *FP8_H100, "model.head_dim=8", "model.n_kv_heads=1").startswith(
+        prefix + "the key/value width (n_kv_heads x head_dim) is 8;")
+    assert refusal(capsys, *FP8_H100, "model.ffn_dim=360").startswith(prefix + "the MLP width (model.ffn_dim) is 360;")
+    # 2 kv heads of 24: 48 in all, 24 per rank (the query heads: 96 and 48)
+    assert refusal(capsys, *FP8_H100, "parallel.tp=2", "cluster.nproc_per_node=2", "model.head_dim=24").startswith(
+        prefix + "the key/value width per parallel.tp=2 rank is 24;")
+
+
+def test_fp8_swaps_every_llama_block_linear_including_the_swiglu_gate(one_rank):
+    pytest.importorskip("torchao")
+    from torchao.float8.float8_linear import Float8Linear
+
+    from llmtrain.parallel.build import build_parallel_model
+    from llmtrain.parallel.layout import ParallelDims
+    from llmtrain.parallel.mesh import build_mesh
+
+    built = {}
+    for precision in ("bf16", "fp8"):
+        cfg = compose_config(["model=llama-tiny", "data=synthetic", "cluster.nproc_per_node=1", f"precision={precision}",
+                              "model.tie_embeddings=false"])
+        dims = ParallelDims.from_config(cfg)
+        built[precision] = build_parallel_model(cfg, dims, build_mesh(dims, "cpu"), torch.device("cpu"))
+    fp8 = built["fp8"]
+    assert fp8.float8.converted == 4 * 7  # q, k, v, proj, gate, fc, proj per block
+    assert isinstance(fp8.parts[0].layers["3"].mlp.gate, Float8Linear)
+    assert not isinstance(fp8.parts[0].head, Float8Linear)  # the untied head stays in bf16 too
+    bf16_params = dict(built["bf16"].named_parameters())
+    assert [n for n, _ in fp8.named_parameters()] == list(bf16_params)
+    for n, p in fp8.named_parameters():
+        assert torch.equal(p, bf16_params[n]), n

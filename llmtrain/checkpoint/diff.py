@@ -8,8 +8,16 @@ from llmtrain.checkpoint.store import CheckpointError
 from llmtrain.config.compose import flat_keys, to_plain
 
 # Keys that fix parameter shapes: resuming with another value cannot load the weights.
-SHAPE_KEYS = ("model.n_layers", "model.n_heads", "model.d_model", "model.vocab_size", "model.vocab_pad_multiple",
-              "model.seq_len", "model.head_dim")
+SHAPE_KEYS = ("model.arch", "model.n_layers", "model.n_heads", "model.n_kv_heads", "model.d_model", "model.vocab_size",
+              "model.vocab_pad_multiple", "model.seq_len", "model.head_dim", "model.ffn_dim",
+              "model.ffn_dim_multiplier", "model.multiple_of", "model.tie_embeddings")
+# A Llama has no position table: its seq_len may change between launches of a run.
+LENGTH_KEY = "model.seq_len"
+
+
+def shape_keys(cfg: DictConfig) -> tuple[str, ...]:
+    """SHAPE_KEYS for the model `cfg` builds."""
+    return tuple(k for k in SHAPE_KEYS if not (k == LENGTH_KEY and cfg.model.arch == "llama"))
 # Keys expected to differ between attempts of the same run (a key, or a section ending in ".").
 IGNORED = ("checkpoint.resume", "cluster.master_port", "cluster.node_rank", "run.overwrite", "doctor.")
 
@@ -23,7 +31,8 @@ def config_diff(old: DictConfig, new: DictConfig) -> list[tuple[str, object, obj
 def check_resumable(old: DictConfig, new: DictConfig, path: str) -> list[tuple[str, object, object]]:
     """The differences; raises CheckpointError when a shape-defining key differs."""
     diff = config_diff(old, new)
-    shape = [(k, x, y) for k, x, y in diff if k in SHAPE_KEYS]
+    keys = shape_keys(new) if old.model.arch == new.model.arch else SHAPE_KEYS
+    shape = [(k, x, y) for k, x, y in diff if k in keys]
     if shape:
         what = ", ".join(f"{k} {x} -> {y}" for k, x, y in shape)
         raise CheckpointError("checkpoint.resume", f"model shape differs from the checkpoint {path}: {what} "

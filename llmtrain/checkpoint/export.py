@@ -23,7 +23,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from llmtrain.config import ConfigError, load_run_config, to_yaml
-from llmtrain.config.derived import padded_vocab_size
+from llmtrain.config.derived import ffn_dim, padded_vocab_size
 
 FORMATS = ("safetensors", "hf")
 MODEL_PREFIX = "model."
@@ -285,9 +285,9 @@ def hf_config(model_cfg) -> dict:
         "n_embd": d,
         "n_layer": model_cfg.n_layers,
         "n_head": model_cfg.n_heads,
-        "n_inner": 4 * d,
+        "n_inner": ffn_dim(model_cfg),
         "activation_function": "gelu_new",
-        "layer_norm_epsilon": 1e-5,
+        "layer_norm_epsilon": model_cfg.norm_eps,
         "resid_pdrop": 0.0,
         "embd_pdrop": 0.0,
         "attn_pdrop": 0.0,

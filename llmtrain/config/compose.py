@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import warnings
 from pathlib import Path
@@ -12,7 +13,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from llmtrain.config.derived import world_size
 from llmtrain.config.errors import ConfigError
-from llmtrain.config.schema import LLMTrainConfig
+from llmtrain.config.schema import LLMTrainConfig, RopeScalingConfig
 
 PRIMARY_CONFIG = "config"
 
@@ -211,6 +212,9 @@ def _first_line(text: str) -> str:
     return text.strip().splitlines()[0] if text.strip() else text
 
 
+_ROPE_SCALING_FIELDS = {f.name for f in dataclasses.fields(RopeScalingConfig)}
+
+
 def _omegaconf_error(e: OmegaConfBaseException) -> ConfigError:
     key = getattr(e, "full_key", None) or "config"
     msg = _first_line(getattr(e, "msg", None) or str(e))
@@ -218,6 +222,11 @@ def _omegaconf_error(e: OmegaConfBaseException) -> ConfigError:
         msg = "unknown key (not in the schema; check its spelling)"
         if key.startswith("env."):
             msg = f"not set yet: add a new variable with +{key}=VALUE (with '+')"
+        elif key.startswith("model.rope_scaling.") and key.split(".")[2] in _ROPE_SCALING_FIELDS:
+            # A known field of an optional section that is null until set whole.
+            field_name = key.split(".")[2]
+            msg = (f"model.rope_scaling is null here; set the section whole: model.rope_scaling={{{field_name}:...}} "
+                   "(its other fields take their defaults)")
     elif "could not be converted" in msg or "Invalid value" in msg or "Incompatible value" in msg:
         msg = f"wrong type: {msg}"
     return ConfigError(key, msg)

@@ -13,6 +13,7 @@ has torchao's float8 tensor-parallel styles.
 
 from __future__ import annotations
 
+from llmtrain.config.derived import ffn_dim, head_dim, kv_heads
 from llmtrain.config.errors import ConfigError
 from llmtrain.plan.hardware import parse_capability
 
@@ -75,17 +76,25 @@ def check_fp8_node(cfg, device_type: str) -> None:
         raise ConfigError("precision", problem)
 
 
+def _mlp_label(m) -> str:
+    return "the MLP width (4 x d_model)" if m.arch == "gpt2" and m.ffn_dim is None else "the MLP width (model.ffn_dim)"
+
+
 def shape_problem(cfg) -> str | None:
     """Why the blocks' linear layers have a dimension float8 kernels cannot take: d_model, the attention width
-    (n_heads x head_dim), the MLP width (4 x d_model), and under tensor parallel each rank's share of the last two
-    (column-parallel outputs, row-parallel inputs)."""
+    (n_heads x head_dim), Llama's key/value width (n_kv_heads x head_dim), the MLP width, and under tensor parallel
+    each rank's share of all but d_model (column-parallel outputs, row-parallel inputs)."""
     m, tp = cfg.model, cfg.parallel.tp
-    attention = m.n_heads * (m.head_dim or m.d_model // m.n_heads)
-    widths = [("model.d_model", m.d_model), ("the attention width (n_heads x head_dim)", attention),
-              ("the MLP width (4 x d_model)", 4 * m.d_model)]
+    attention, kv, mlp = m.n_heads * head_dim(m), kv_heads(m) * head_dim(m), ffn_dim(m)
+    widths = [("model.d_model", m.d_model), ("the attention width (n_heads x head_dim)", attention)]
+    if kv != attention:
+        widths.append(("the key/value width (n_kv_heads x head_dim)", kv))
+    widths.append((_mlp_label(m), mlp))
     if tp > 1:
-        widths += [(f"the attention width per parallel.tp={tp} rank", attention // tp),
-                   (f"the MLP width per parallel.tp={tp} rank", 4 * m.d_model // tp)]
+        widths += [(f"the attention width per parallel.tp={tp} rank", attention // tp)]
+        if kv != attention:
+            widths.append((f"the key/value width per parallel.tp={tp} rank", kv // tp))
+        widths.append((f"the MLP width per parallel.tp={tp} rank", mlp // tp))
     for what, n in widths:
         if n % FP8_MULTIPLE:
             return (f"fp8's float8 matmuls take only dimensions that are multiples of {FP8_MULTIPLE}, and {what} "
@@ -119,9 +128,10 @@ def float8_tensor_parallel(cfg) -> bool:
 
 def float8_weights_per_block(cfg) -> int:
     """Weights of one block's float8 layers on one tensor-parallel rank: q, k, v, the attention projection and the
-    MLP's matrices (biases stay in bf16); 0 unless precision=fp8."""
+    MLP's matrices (two for gpt2, SwiGLU's three for llama; biases stay in bf16); 0 unless precision=fp8."""
     if cfg.precision.name != "fp8":
         return 0
-    from llmtrain.plan.params import block_matrix_params, block_shape
-
-    return block_matrix_params(block_shape(cfg.model)) // cfg.parallel.tp
+    m = cfg.model
+    attention, kv = m.n_heads * head_dim(m), kv_heads(m) * head_dim(m)
+    mlp_matrices = 3 if m.arch == "llama" else 2
+    return m.d_model * (2 * attention + 2 * kv + mlp_matrices * ffn_dim(m)) // cfg.parallel.tp

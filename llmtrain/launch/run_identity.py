@@ -15,11 +15,10 @@ import time
 from omegaconf import DictConfig
 
 from llmtrain.checkpoint import store
-from llmtrain.checkpoint.diff import SHAPE_KEYS, config_diff
+from llmtrain.checkpoint.diff import config_diff, shape_keys
 from llmtrain.config.errors import ConfigError
 
 PREVIOUS = "previous"
-IDENTITY_KEYS = SHAPE_KEYS + ("train.seed",)
 # What a run leaves in its directory besides checkpoints; moved aside with them.
 RUN_FILES = ("config.yaml", "metrics.jsonl", "logs", "tensorboard", "report", "profile", "slurm", "trackers.json",
              "wandb", "mlflow.db")
@@ -45,7 +44,8 @@ def conflict(cfg: DictConfig, run_dir: str, resume_path: str | None, old_cfg: Di
         return (f"resuming from step {step} in {run_dir}, which holds newer checkpoints "
                 f"({', '.join(os.path.basename(p) for p in newer)})"), newer
     if old_cfg is not None and resume_path == newest.path:
-        changed = [(k, a, b) for k, a, b in config_diff(old_cfg, cfg) if k in IDENTITY_KEYS]
+        identity = shape_keys(cfg) + ("train.seed",)
+        changed = [(k, a, b) for k, a, b in config_diff(old_cfg, cfg) if k in identity]
         if changed:
             what = ", ".join(f"{k} {a} -> {b}" for k, a, b in changed)
             return f"{what} would start a new run in {run_dir}, which holds the run saved in {newest.path}", every

@@ -2,7 +2,7 @@
 
 Builds the TP=2 model with 2 and with 4 layers, counts DTensor's functional collectives in forward and backward,
 and writes the per-layer difference to the JSON file named by argv[1] (rank 0), for TP with and without sequence
-parallel.
+parallel, for GPT-2 (keys tp, sp) and Llama with 4 query heads sharing 2 key/value heads (llama_tp, llama_sp).
 """
 
 import functools
@@ -39,9 +39,11 @@ for _name in COLLECTIVES:
         setattr(funcol, _name, _counting(_name, getattr(funcol, _name)))
 
 
-def counts(n_layers: int, sequence_parallel: bool) -> dict:
-    cfg = compose_config(["parallel.tp=2", f"model.n_layers={n_layers}", "model.d_model=64", "model.seq_len=32",
-                          "cluster.nproc_per_node=2", f"parallel.sequence_parallel={sequence_parallel}"])
+def counts(n_layers: int, sequence_parallel: bool, arch: str) -> dict:
+    model_option = ["model=llama-tiny"] if arch == "llama" else []
+    cfg = compose_config([*model_option, "parallel.tp=2", f"model.n_layers={n_layers}", "model.d_model=64",
+                          "model.seq_len=32", "cluster.nproc_per_node=2",
+                          f"parallel.sequence_parallel={sequence_parallel}"])
     dims = ParallelDims.from_config(cfg)
     model = build_parallel_model(cfg, dims, build_mesh(dims, "cpu"), torch.device("cpu"))
     x = torch.randint(0, 256, (2, 32))
@@ -62,9 +64,9 @@ def counts(n_layers: int, sequence_parallel: bool) -> dict:
 def main() -> None:
     dist.init_process_group("gloo")
     result = {}
-    for sp in (False, True):
-        two, four = counts(2, sp), counts(4, sp)
-        result["sp" if sp else "tp"] = {
+    for arch, sp in (("gpt2", False), ("gpt2", True), ("llama", False), ("llama", True)):
+        two, four = counts(2, sp, arch), counts(4, sp, arch)
+        result[("llama_" if arch == "llama" else "") + ("sp" if sp else "tp")] = {
             "per_layer": {phase: {op: (four[phase].get(op, 0) - two[phase].get(op, 0)) / 2
                                   for op in set(four[phase]) | set(two[phase])}
                           for phase in ("forward", "backward")},
