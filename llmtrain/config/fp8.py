@@ -128,9 +128,10 @@ def float8_tensor_parallel(cfg) -> bool:
 
 def float8_weights_per_block(cfg) -> int:
     """Weights of one block's float8 layers on one tensor-parallel rank: q, k, v, the attention projection and the
-    MLP's matrices (biases stay in bf16); 0 unless precision=fp8."""
+    MLP's matrices (two for gpt2, SwiGLU's three for llama; biases stay in bf16); 0 unless precision=fp8."""
     if cfg.precision.name != "fp8":
         return 0
-    from llmtrain.plan.params import block_matrix_params, block_shape
-
-    return block_matrix_params(block_shape(cfg.model)) // cfg.parallel.tp
+    m = cfg.model
+    attention, kv = m.n_heads * head_dim(m), kv_heads(m) * head_dim(m)
+    mlp_matrices = 3 if m.arch == "llama" else 2
+    return m.d_model * (2 * attention + 2 * kv + mlp_matrices * ffn_dim(m)) // cfg.parallel.tp
