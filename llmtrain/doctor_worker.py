@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from llmtrain.config import load_run_config
     from llmtrain.doctor_bandwidth import run_sweeps
-    from llmtrain.train.trainer import resolve_device
+    from llmtrain.train.device import resolve_device
     from llmtrain.worker import init_process_group
 
     cfg = load_run_config(os.path.join(out_dir, "config.yaml"))

@@ -63,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from llmtrain.config import load_run_config, validate
     from llmtrain.train.preemption import Preempted
-    from llmtrain.train.trainer import Trainer, resolve_device
+    from llmtrain.train.device import resolve_device
+    from llmtrain.train.trainer import Trainer
 
     try:
         cfg = load_run_config(os.path.join(run_dir, "config.yaml"))

@@ -37,7 +37,8 @@ def build_trainer(a, run_dir: str):
     import torch.distributed as dist
 
     from llmtrain.config import compose_config, validate
-    from llmtrain.train.trainer import Trainer, resolve_device
+    from llmtrain.train.device import resolve_device
+    from llmtrain.train.trainer import Trainer
 
     cfg = compose_config([f"model={a.model}", f"model.seq_len={a.seq}", "train.micro_batch_size=1",
                           "train.global_batch_size=1", "train.max_steps=1000", f"device={a.device}",

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from llmtrain.cli import main
-from llmtrain.config import ConfigError, compose_config
+from llmtrain.config import compose_config
 from llmtrain.config.derived import ffn_dim
 from llmtrain.config.schema import RopeScalingConfig
 from llmtrain.model import GPT, Llama, LlamaArgs, build_model, init_parameters

@@ -128,7 +128,7 @@ def test_flops_per_token_counts_every_matmul_of_a_training_step(overrides):
 
 
 def test_the_trainer_reports_mfu_with_the_plans_flops():
-    from llmtrain.train.trainer import model_flops
+    from llmtrain.train.mfu import model_flops
 
     cfg = compose_config(["model=llama3-8b", "hardware=h100", "precision=bf16"])
     fpt, peak = model_flops(cfg, "cuda")

@@ -25,71 +25,15 @@ from llmtrain.parallel.layout import ParallelDims
 from llmtrain.parallel.mesh import build_mesh
 from llmtrain.train.loss_scale import DynamicLossScaler
 from llmtrain.train.memory import PeakMemory, SavedActivations
+from llmtrain.train.mfu import model_flops
 from llmtrain.train.fault_injection import gradient_fault
 from llmtrain.train.metrics import MetricsWriter
 from llmtrain.train.preemption import Preempted, PreemptionFlag
 from llmtrain.train.save_schedule import SaveSchedule
 from llmtrain.train.step_log import StepLog
+from llmtrain.train.step_profiler import StepProfiler
 from llmtrain.train.trackers.fanout import open_trackers
 from llmtrain.train.optim import build_optimizer, lr_at, resolve_fused, set_lr
-
-
-
-def resolve_device(name: str, local_rank: int) -> torch.device:
-    if name == "cuda" or (name == "auto" and torch.cuda.is_available()):
-        if not torch.cuda.is_available():
-            raise RuntimeError("device=cuda but torch.cuda.is_available() is False on this node")
-        torch.cuda.set_device(local_rank)
-        # fp32 matmuls and convolutions on TF32 tensor cores (precision=fp32). These flags touch CUDA only, while
-        # torch.set_float32_matmul_precision would also change CPU (oneDNN) matmuls.
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-        return torch.device("cuda", local_rank)
-    return torch.device("cpu")
-
-
-def model_flops(cfg, device_type: str | None = None, log=None) -> tuple[float, float | None]:
-    """(training FLOPs per token of this model, the device's dense peak FLOPS at the compute dtype, or None when
-    no profile knows the device: MFU is then not reported, and `log` says once how to give the peak).
-    ConfigError when the GPU lacks the compute dtype (bf16 on a V100 or T4)."""
-    from llmtrain.plan.cli import load_profile
-    from llmtrain.plan.estimate import flops_per_token, stage_params
-    from llmtrain.plan.hardware import missing_peak, resolve
-
-    _, _, non_embedding = stage_params(cfg)
-    dtype = cfg.precision.compute_dtype
-    hw = resolve(cfg.hardware, dtype, load_profile, device_type)
-    if hw["peak_tflops"] is None:
-        if log is not None:
-            log(f"llmtrain: warning: MFU is not reported: {missing_peak(hw, dtype)}", flush=True)
-        return flops_per_token(cfg, non_embedding), None
-    return flops_per_token(cfg, non_embedding), hw["peak_tflops"] * 1e12
-
-
-class StepProfiler:
-    """profile.steps=[A, B]: a torch.profiler trace of steps A..B, written per rank as a Chrome trace."""
-
-    def __init__(self, steps, out_dir: str, rank: int, device: torch.device):
-        self.window = tuple(steps) if steps else None
-        self.path = os.path.join(out_dir, f"rank{rank}.trace.json")
-        self.device = device
-        self.prof = None
-
-    def before_step(self, step: int) -> None:
-        if self.window and step == self.window[0]:
-            from torch.profiler import ProfilerActivity, profile
-
-            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
-            self.prof = profile(activities=activities, record_shapes=True, with_stack=False)
-            self.prof.__enter__()
-
-    def after_step(self, step: int) -> None:
-        if self.prof is not None and step == self.window[1]:
-            self.prof.__exit__(None, None, None)
-            os.makedirs(os.path.dirname(self.path), exist_ok=True)
-            self.prof.export_chrome_trace(self.path)
-            self.prof = None
-            print(f"llmtrain: profiler trace of steps {self.window[0]}-{self.window[1]} -> {self.path}", flush=True)
 
 
 def plain(t: torch.Tensor) -> torch.Tensor:
