@@ -35,6 +35,19 @@ def refused_launch(capsys, tmp_path: Path, *overrides: str) -> str:
     return err[0]
 
 
+def saved_in_shards(model, tmp_path_factory, name: str, shard_size: str):
+    """`model` with every parameter moved off its init (biases, norm gains too, so any mis-mapped tensor shows in
+    the logits), saved by transformers in several shards; (folder, model)."""
+    model.eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    folder = tmp_path_factory.mktemp("hf") / name
+    model.save_pretrained(folder, max_shard_size=shard_size)
+    assert len(list(folder.glob("model-*.safetensors"))) > 1
+    return folder, model
+
+
 @pytest.fixture(scope="module")
 def hf_gpt2(tmp_path_factory):
     """A random GPT2LMHeadModel made by transformers, saved in shards."""
@@ -42,14 +55,7 @@ def hf_gpt2(tmp_path_factory):
                                    resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=249,
                                    eos_token_id=249)
     torch.manual_seed(0)
-    model = transformers.GPT2LMHeadModel(conf).eval()
-    with torch.no_grad():
-        for p in model.parameters():  # biases and LayerNorms too, so any mis-mapped tensor shows in the logits
-            p.add_(torch.randn_like(p) * 0.1)
-    folder = tmp_path_factory.mktemp("hf") / "gpt2"
-    model.save_pretrained(folder, max_shard_size="20KB")
-    assert len(list(folder.glob("model-*.safetensors"))) > 1
-    return folder, model
+    return saved_in_shards(transformers.GPT2LMHeadModel(conf), tmp_path_factory, "gpt2", "20KB")
 
 
 def test_sharded_hf_gpt2_gives_the_same_logits(hf_gpt2):
@@ -220,14 +226,7 @@ def hf_llama(tmp_path_factory):
         rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                       "original_max_position_embeddings": 32})
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(conf).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.1)  # norm gains away from 1
-    folder = tmp_path_factory.mktemp("hf") / "llama"
-    model.save_pretrained(folder, max_shard_size="40KB")
-    assert len(list(folder.glob("model-*.safetensors"))) > 1
-    return folder, model
+    return saved_in_shards(transformers.LlamaForCausalLM(conf), tmp_path_factory, "llama", "40KB")
 
 
 def test_sharded_hf_llama_gives_the_same_logits(hf_llama):
