@@ -25,7 +25,7 @@ from llmtrain.data import (
 )
 from llmtrain.data.datasets import MemmapDataset, SyntheticDataset
 from llmtrain.cli import main
-from llmtrain.data import atomic_files, corpus
+from llmtrain.data import atomic_files, encoders
 from llmtrain.data.prepare_cli import add_prepare_arguments, run_prepare
 from llmtrain.data.tokenfile import check_token_file
 
@@ -515,7 +515,7 @@ def test_ctrl_c_in_prepare_writes_nothing_and_says_so(tmp_path, capsys, monkeypa
         out.write(b"\0" * 64)  # part of the new file is written when Ctrl-C comes
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(corpus._ByteEncoder, "write_file", interrupted)
+    monkeypatch.setattr(encoders.ByteEncoder, "write_file", interrupted)
     assert main(prepare_args(tmp_path, "a much longer new text")) == 130
     err = capsys.readouterr().err
     assert err == (f"llmtrain: interrupted: nothing was written ({tmp_path / 'o.bin'} and its meta are as they "
