@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, Optional
 
+from omegaconf import MISSING
+
 
 def choice(default: Any, *allowed: Any) -> Any:
     """A field whose value must be one of `allowed`; a None default makes None allowed too (an optional field)."""
@@ -127,9 +129,21 @@ class TrainConfig:
 
 
 @dataclass
+class DataSourceConfig:
+    """One source of a data=mix mixture: a token file or a folder of shards, drawn with `weight`."""
+
+    path: str = MISSING
+    weight: float = 1.0
+    # What metrics, logs and the resume diff call it; null = the file or folder's stem.
+    name: Optional[str] = None
+
+
+@dataclass
 class DataConfig:
-    name: str = choice("stdlib", "synthetic", "memmap", "stdlib")
+    name: str = choice("stdlib", "synthetic", "memmap", "stdlib", "mix")
     path: Optional[str] = None
+    # data=mix: the weighted sources (weights are normalised to sum to 1).
+    sources: List[DataSourceConfig] = field(default_factory=list)
     # Token dtype of a memmap file; null = read from the FILE.json written by `llmtrain data prepare`, else uint16.
     dtype: Optional[str] = choice(None, "uint16", "uint32")
     val_fraction: float = 0.05
