@@ -22,6 +22,7 @@ from .atomic_files import signals_held as _signals_held
 from .encoders import BYTE_VOCAB_SIZE, ByteEncoder, TokenizerEncoder, bytes_as_uint16, load_tokenizer
 from .errors import DataError
 from .inputs import expand_inputs
+from .prepare_options import PrepareOptions
 from .readers import NotText, tokenize_input
 from .tokenfile import TOKEN_FORMAT, meta_path, read_token_meta
 
@@ -114,17 +115,18 @@ def prepare_corpus(
         inputs = [inputs]
     tok = load_tokenizer(tokenizer) if tokenizer is not None else None
     output = os.path.abspath(os.path.expanduser(os.fspath(output)))
-    files = expand_inputs(inputs, {output, meta_path(output)}, list(include), list(exclude))
+    options = PrepareOptions(tokenizer=tokenizer, include=tuple(include), exclude=tuple(exclude), text_key=jsonl_key)
+    units = expand_inputs(inputs, {output, meta_path(output)}, options.include, options.exclude)
     encoder = ByteEncoder() if tok is None else TokenizerEncoder(tok)
     not_text: list[tuple[str, str]] = []
     total = used = 0
     with contextlib.ExitStack() as commit:
         with _atomic_write(output) as out:
-            for path, name in files:
+            for unit in units:
                 try:
-                    total += tokenize_input(path, name, encoder, out, jsonl_key)
+                    total += tokenize_input(unit, encoder, out, options).tokens
                 except NotText as e:
-                    not_text.append((name, e.reason))
+                    not_text.append((unit.name, e.reason))
                     continue
                 used += 1
             if used == 0:

@@ -8,12 +8,13 @@ import os
 from typing import Iterable, Sequence
 
 from .errors import DataError
+from .prepare_options import InputUnit
 
 
 def expand_inputs(
-    inputs: Sequence[str], outputs: set[str], include: list[str], exclude: list[str]
-) -> list[tuple[str, str]]:
-    """(path, name to show) per file, in command-line order; a directory contributes its matching
+    inputs: Sequence[str], outputs: set[str], include: Sequence[str], exclude: Sequence[str]
+) -> list[InputUnit]:
+    """One unit per file, in command-line order; a directory contributes its matching
     regular files, sorted, recursively. `outputs` (the files being written) are never inputs."""
     if not inputs:
         raise DataError("--input", "no input given")
@@ -45,7 +46,7 @@ def expand_inputs(
     if not files:
         what = "no files match --include/--exclude" if include or exclude else "no files found"
         raise DataError("--input", f"{what} in: {' '.join(map(str, inputs))}")
-    return files
+    return [InputUnit(path, name) for path, name in files]
 
 
 def _matches(patterns: Iterable[str], rel: str, name: str) -> bool:

@@ -10,6 +10,7 @@ import re
 from typing import BinaryIO, Iterator
 
 from .errors import DataError
+from .prepare_options import InputStats, InputUnit, PrepareOptions
 
 # Read size for streaming byte-level input: bounds memory on multi-GB corpora.
 READ_CHUNK = 1 << 24
@@ -98,20 +99,23 @@ def utf8(text: str) -> bytes:
         return text.encode("utf-8", "replace")
 
 
-def tokenize_input(path: str, name: str, encoder, out: BinaryIO, jsonl_key: str) -> int:
-    """Append the tokens of input `path` (shown as `name`) to `out`; returns their count. Raises NotText, having
-    written nothing, when the input is not text, and DataError for unreadable input or a malformed line."""
+def tokenize_input(unit: InputUnit, encoder, out: BinaryIO, options: PrepareOptions) -> InputStats:
+    """Append the tokens of `unit` to `out`. Raises NotText, having written nothing, when the input is not text, and
+    DataError for unreadable input or a malformed line."""
     try:
-        src = open(path, "rb")
+        src = open(unit.path, "rb")
     except OSError as e:
-        raise DataError("--input", f"cannot read {name}: {e.strerror or e}") from None
+        raise DataError("--input", f"cannot read {unit.name}: {e.strerror or e}") from None
     start = out.tell()
+    stats = InputStats()
     try:
         with src:
-            if path.lower().endswith(".jsonl"):
-                return encoder.write_documents(jsonl_documents(src, name, jsonl_key), out)
-            return encoder.write_file(text_chunks(src), out)
+            if unit.path.lower().endswith(".jsonl"):
+                stats.tokens = encoder.write_documents(jsonl_documents(src, unit.name, options.text_key), out)
+            else:
+                stats.tokens = encoder.write_file(text_chunks(src), out)
     except NotText:
         out.seek(start)
         out.truncate()  # drop what was written before the input turned out not to be text
         raise
+    return stats
