@@ -482,7 +482,7 @@ def test_prepare_jsonl_documents(tmp_path):
 
 @pytest.mark.parametrize("lines,key", [
     (['{"text": "ok"}', "{not json"], "--input"),
-    (['{"text": "ok"}', '{"body": "no text field"}'], "--jsonl-key"),
+    (['{"text": "ok"}', '{"body": "no text field"}'], "--text-key"),
 ])
 def test_prepare_bad_jsonl_line_is_one_line_naming_file_and_line(tmp_path, lines, key):
     bad = tmp_path / "bad.jsonl"
