@@ -27,7 +27,7 @@ def open_decompressed(src: BinaryIO, compression: str | None, name: str) -> Bina
             import zstandard  # optional dependency, only for .zst input
         except ImportError:
             raise DataError("--input", f"{name}: reading .zst needs the 'zstandard' package: pip install zstandard "
-                                       "(or llmtrain[formats])") from None
+                                       "(or llmtrain[zstd])") from None
         return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(src, read_across_frames=True))
     raise ValueError(f"unknown compression {compression!r}")
 
