@@ -76,12 +76,32 @@ def test_zstd_without_zstandard_is_one_line_naming_the_file(tmp_path, capsys, mo
     assert sorted(os.listdir(tmp_path)) == ["c.jsonl.zst"]
 
 
-def test_corrupt_gzip_is_an_error_naming_the_file(tmp_path, capsys):
-    path = tmp_path / "a.jsonl.gz"
-    path.write_bytes(gzip.compress(jsonl_bytes(DOCS))[:-12])  # truncated
+def test_a_truncated_stream_is_an_error_naming_the_file(tmp_path, capsys):
+    zstd = pytest.importorskip("zstandard")
+    for name, data, message in (
+        ("a.jsonl.gz", gzip.compress(jsonl_bytes(DOCS)), "not a valid gzip stream: Compressed file ended before the "
+                                                         "end-of-stream marker was reached"),
+        ("a.jsonl.zst", zstd.ZstdCompressor().compress(jsonl_bytes(DOCS)), "not a valid zstd stream: the stream "
+                                                                           "ends inside a frame"),
+    ):
+        path = tmp_path / name
+        path.write_bytes(data[:-5])
+        code, _, err = prepare(tmp_path, "--input", str(path), capsys=capsys)
+        assert code == 2 and err == [f"llmtrain: error: --input: cannot read {path}: {message}"]
+        assert not (tmp_path / "o.bin").exists()
+    # Frames one after another (zstd -c a b > ab.zst) are all read.
+    path.write_bytes(zstd.ZstdCompressor().compress(jsonl_bytes(DOCS[:1])) * 2)
+    assert prepare(tmp_path, "--input", str(path), capsys=capsys)[0] == 0
+    assert byte_tokens(tmp_path / "o.bin") == (DOCS[0] * 2).encode()
+
+
+def test_parquet_without_pyarrow_is_one_line_naming_the_file(tmp_path, capsys, monkeypatch):
+    path = tmp_path / "t.parquet"
+    path.write_bytes(b"PAR1")
+    monkeypatch.setitem(sys.modules, "pyarrow", None)
     code, _, err = prepare(tmp_path, "--input", str(path), capsys=capsys)
-    assert code == 2 and len(err) == 1 and err[0].startswith(f"llmtrain: error: --input: cannot read {path}: not a "
-                                                             "valid gzip stream: ")
+    assert code == 2 and err == [f"llmtrain: error: --input: {path}: reading it needs the 'pyarrow' package: "
+                                 "pip install pyarrow (or llmtrain[formats])"]
 
 
 def test_parquet_text_column_in_record_batches(tmp_path, capsys, monkeypatch):

@@ -28,8 +28,46 @@ def open_decompressed(src: BinaryIO, compression: str | None, name: str) -> Bina
         except ImportError:
             raise DataError("--input", f"{name}: reading .zst needs the 'zstandard' package: pip install zstandard "
                                        "(or llmtrain[zstd])") from None
-        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(src, read_across_frames=True))
+        return io.BufferedReader(_ZstdFrames(src, zstandard), buffer_size=1 << 20)
     raise ValueError(f"unknown compression {compression!r}")
+
+
+# Compressed bytes decompressed at once: small, as one call's output is not bounded otherwise.
+_ZSTD_READ = 1 << 16
+
+
+class _ZstdFrames(io.RawIOBase):
+    """The decompressed bytes of every zstd frame of `src` in turn. A stream cut inside a frame raises EOFError
+    (zstandard's stream_reader ends quietly there, losing the frame's data without a word)."""
+
+    def __init__(self, src: BinaryIO, zstandard):
+        self.src, self.zstandard = src, zstandard
+        self.frame = None  # the decompressor of the current frame; None between frames
+        self.pending, self.offset = b"", 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        while self.offset == len(self.pending):
+            data = b""
+            if self.frame is not None and self.frame.eof:
+                data, self.frame = self.frame.unused_data, None
+            data = data or self.src.read(_ZSTD_READ)
+            if not data:
+                if self.frame is not None:
+                    raise EOFError("the stream ends inside a frame")
+                return 0
+            if self.frame is None:
+                self.frame = self.zstandard.ZstdDecompressor().decompressobj()
+            try:
+                self.pending, self.offset = self.frame.decompress(data), 0
+            except self.zstandard.ZstdError as e:
+                raise OSError(str(e)) from None
+        n = min(len(buffer), len(self.pending) - self.offset)
+        buffer[:n] = memoryview(self.pending)[self.offset:self.offset + n]
+        self.offset += n
+        return n
 
 
 def jsonl_documents(src: BinaryIO, name: str, key: str, bad: BadLines, encoding: str = "utf-8",
