@@ -54,16 +54,20 @@ def tokenize(path: Path, fmt: str, **options) -> tuple[bytes, object]:
 # ---------------------------------------------------------------- formats
 
 
-def test_compressed_jsonl_is_read_not_skipped(tmp_path):
+def test_compressed_jsonl_and_text_are_read_not_skipped(tmp_path):
     zstd = pytest.importorskip("zstandard")
     (tmp_path / "a.jsonl.gz").write_bytes(gzip.compress(jsonl_bytes(DOCS[:2])))
     (tmp_path / "b.json.gz").write_bytes(gzip.compress(jsonl_bytes(DOCS[2:])))
     (tmp_path / "c.jsonl.zst").write_bytes(zstd.ZstdCompressor().compress(jsonl_bytes(DOCS)))
-    (tmp_path / "d.txt.gz").write_bytes(gzip.compress(b"still skipped"))
+    (tmp_path / "d.txt.gz").write_bytes(gzip.compress("gzipped text|".encode()))
+    (tmp_path / "e.txt.zst").write_bytes(zstd.ZstdCompressor().compress(b"zstd text|"))
+    (tmp_path / "f.tar.gz").write_bytes(gzip.compress(b"other compressed files stay skipped"))
+    (tmp_path / "g.txt.gz").write_bytes(gzip.compress(b"\x00\x01 binary inside"))
     skipped = []
     meta = prepare_corpus([str(tmp_path)], str(tmp_path / "o.bin"), skipped=skipped)
-    assert byte_tokens(tmp_path / "o.bin") == "".join(DOCS + DOCS).encode()
-    assert meta["sources"] == 3 and skipped == [(str(tmp_path / "d.txt.gz"), "compressed")]
+    assert byte_tokens(tmp_path / "o.bin") == ("".join(DOCS + DOCS) + "gzipped text|zstd text|").encode()
+    assert meta["sources"] == 5
+    assert skipped == [(str(tmp_path / "f.tar.gz"), "compressed"), (str(tmp_path / "g.txt.gz"), "binary")]
 
 
 def test_zstd_without_zstandard_is_one_line_naming_the_file(tmp_path, capsys, monkeypatch):

@@ -1,5 +1,5 @@
-"""Reading one input of `llmtrain data prepare` into documents and tokens. A text file is one document; a jsonl
-line (plain, gzip or zstd), a parquet row or a row of a `datasets` arrow file is one. Input that is not text
+"""Reading one input of `llmtrain data prepare` into documents and tokens. A text file (plain, .txt.gz or .txt.zst)
+is one document; a jsonl line (plain, gzip or zstd), a parquet row or a row of a `datasets` arrow file is one. Input that is not text
 (compressed or binary) raises NotText, and `tokenize_input` leaves nothing of it in the output."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ from typing import BinaryIO, Iterable, Iterator
 
 from .bad_lines import BadLines
 from .errors import DataError
-from .formats import COMPRESSION, TABLE_FORMATS
+from .compressed_input import open_decompressed
+from .formats import COMPRESSION, TABLE_FORMATS, TEXT_FORMATS
 from .jsonl_input import jsonl_documents
 from .prepare_options import InputStats, InputUnit, PrepareOptions
 from .table_input import table_documents
@@ -28,13 +29,12 @@ def tokenize_input(unit: InputUnit, encoder, out: BinaryIO, options: PrepareOpti
             docs = table_documents(unit.path, unit.name, unit.format, options.text_key, bad)
             stats.tokens = encoder.write_documents(_counted(docs, stats), out)
             return stats
-        with _open(unit) as src:
-            if unit.format == "text":
+        with _open(unit) as raw, open_decompressed(raw, COMPRESSION[unit.format], unit.name) as src:
+            if unit.format in TEXT_FORMATS:
                 stats.tokens = encoder.write_file(text_chunks(src, options.encoding), out)
                 stats.documents = 1
             else:
-                docs = jsonl_documents(src, unit.name, options.text_key, bad, options.encoding,
-                                       COMPRESSION[unit.format])
+                docs = jsonl_documents(src, unit.name, options.text_key, bad, options.encoding)
                 stats.tokens = encoder.write_documents(_counted(docs, stats), out)
     except NotText:
         out.seek(start)
