@@ -129,6 +129,17 @@ def test_parquet_text_column_in_record_batches(tmp_path, capsys, monkeypatch):
                                  "not strings"]
 
 
+def test_a_loose_arrow_file_in_either_layout(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    table = pa.table({"text": ["a", "b", "c"]})
+    with pa.ipc.new_file(str(tmp_path / "f.arrow"), table.schema) as writer:
+        writer.write_table(table, max_chunksize=2)
+    with pa.ipc.new_stream(str(tmp_path / "s.arrow"), table.schema) as writer:
+        writer.write_table(table, max_chunksize=2)
+    meta = prepare_corpus([str(tmp_path / "f.arrow"), str(tmp_path / "s.arrow")], str(tmp_path / "o.bin"))
+    assert byte_tokens(tmp_path / "o.bin") == b"abcabc" and meta["sources"] == 2
+
+
 def test_datasets_folders_read_with_pyarrow_in_their_own_order(tmp_path, capsys):
     datasets = pytest.importorskip("datasets")
     datasets.Dataset.from_dict({"text": ["b-one", "b-two"]}).save_to_disk(str(tmp_path / "in" / "ds"))
@@ -237,10 +248,13 @@ def test_symlinked_folders_are_followed_loops_are_not(tmp_path, capsys):
     (tmp_path / "in" / "a.txt").write_text("A")
     (tmp_path / "in" / "linked").symlink_to(tmp_path / "elsewhere")
     (tmp_path / "in" / "sub" / "up").symlink_to(tmp_path / "in")  # a loop
+    (tmp_path / "in" / "again").symlink_to(tmp_path / "elsewhere")  # "again/" sorts before "linked/"
     code, out, _ = prepare(tmp_path, "--input", str(tmp_path / "in"), capsys=capsys)
     assert code == 0 and byte_tokens(tmp_path / "o.bin") == b"AX"
     root = str(tmp_path / "in")
-    assert f"symlink loop not followed: {os.path.join(root, 'sub/up/')} leads back to {root}" in out
+    assert out[1:] == [f"read once: {os.path.join(root, 'again/')} and {os.path.join(root, 'linked/')} are the "
+                       "same folder",
+                       f"symlink loop not followed: {os.path.join(root, 'sub/up/')} leads back to {root}"]
 
 
 def test_a_file_reached_twice_is_read_once(tmp_path, capsys):

@@ -34,10 +34,9 @@ def table_documents(path: str, name: str, kind: str, key: str, bad: BadLines) ->
             _check_column(pa, schema, key, name)
             batches = table.iter_batches(batch_size=ROWS_PER_BATCH, columns=[key])
         else:
-            reader = pa.ipc.open_stream(pa.memory_map(path))
-            schema = reader.schema
+            batches = _arrow_batches(pa, path)
+            schema = next(batches)
             _check_column(pa, schema, key, name)
-            batches = reader
         row = 0
         for batch in batches:
             for start in range(0, batch.num_rows, ROWS_PER_BATCH):
@@ -49,6 +48,21 @@ def table_documents(path: str, name: str, kind: str, key: str, bad: BadLines) ->
                         yield text
     except (pa.ArrowException, OSError) as e:
         raise DataError("--input", f"cannot read {name} as {kind}: {e}") from None
+
+
+def _arrow_batches(pa, path: str) -> Iterator:
+    """The schema, then the record batches of an Arrow IPC stream (what `datasets` writes) or IPC file."""
+    source = pa.memory_map(path)
+    try:
+        reader = pa.ipc.open_stream(source)
+    except pa.ArrowInvalid:  # not a stream: the IPC file layout (ARROW1 magic, random access)
+        reader = pa.ipc.open_file(source)
+        yield reader.schema
+        for i in range(reader.num_record_batches):
+            yield reader.get_batch(i)
+        return
+    yield reader.schema
+    yield from reader
 
 
 def _check_column(pa, schema, key: str, name: str) -> None:
