@@ -19,8 +19,9 @@ def add_prepare_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         required=True,
         metavar="PATH",
-        help="text files or directories (all files under them, sorted) to tokenize, in this order; files that "
-        "are not text (binary, compressed) are skipped and reported; a .jsonl file holds one document per line",
+        help="files or directories (all files under them, sorted) to tokenize, in this order: text files, .jsonl "
+        "(one document per line; also .jsonl.gz, .json.gz, .jsonl.zst), .txt.gz, .txt.zst, .parquet, and datasets "
+        "folders (save_to_disk); other files that are not text (binary, compressed) are skipped and reported",
     )
     parser.add_argument(
         "--output",
