@@ -70,19 +70,24 @@ def shards_identity(folder: str, blocks: int = BLOCKS, block_bytes: int = BLOCK_
         size = sum(n for _, n in shards)
         sampled = hashlib.blake2b(digest_size=16)
         for offset in block_offsets(size, blocks, block_bytes):
-            start = 0
-            for shard, nbytes in shards:  # the shard holding `offset`; a block ends at its shard's end
-                if offset < start + nbytes:
-                    with open(shard, "rb") as f:
-                        f.seek(offset - start)
-                        sampled.update(f.read(block_bytes))
-                    break
-                start += nbytes
+            sampled.update(_read_across(shards, offset, block_bytes))
     except (OSError, ValueError) as e:
         raise DataError("data.sources", f"cannot read {getattr(e, 'filename', None) or folder} to identify the "
                                         f"data: {getattr(e, 'strerror', None) or e}") from None
     return {"path": folder, "bytes": size, "meta_blake2b": _digest(index_bytes), "blocks_blake2b": sampled.hexdigest(),
             "blocks": blocks, "block_bytes": block_bytes, "shards": len(shards)}
+
+
+def _read_across(files: list[tuple[str, int]], offset: int, count: int) -> bytes:
+    """`count` bytes from `offset` of the files' concatenation (a block may span a shard's end)."""
+    out, start = b"", 0
+    for path, nbytes in files:
+        if offset < start + nbytes and len(out) < count:
+            with open(path, "rb") as f:
+                f.seek(max(0, offset - start))
+                out += f.read(count - len(out))
+        start += nbytes
+    return out
 
 
 def _sampling(like: dict | None) -> dict:
