@@ -238,7 +238,7 @@ def test_a_changed_source_refuses_the_resume_in_the_same_run_dir(data, tmp_path,
     assert run_identity.conflict(cfg, str(tmp_path / "run"), ckpt, cfg) == ("", [])
     token_file(data["code"], 3000, tokenizer=None)  # same tokens, another meta
     why, aside = run_identity.conflict(cfg, str(tmp_path / "run"), ckpt, cfg)
-    assert why.startswith(f"other data (data.sources source code: {data['code']}: its meta {data['code']}.json "
+    assert why.startswith(f"other data (data.sources: source code: {data['code']}: its meta {data['code']}.json "
                           "changed) would start a new run in ")
     assert aside == [ckpt]
 
