@@ -285,3 +285,12 @@ def test_report_shows_tokens_and_val_loss_per_source(tmp_path, capsys, monkeypat
                                                                ["code", "188", "24.5%", "4.1875"]]
     png = tmp_path / "report" / "source_val_loss.png"
     assert ("matplotlib" not in out) == png.is_file()
+
+
+def test_compare_shows_a_mixture_by_name_and_weight():
+    from llmtrain.report.compare import Run, differing_keys, key_value
+
+    runs = [Run(name, [], compose_config(["data=mix", sources(f"{{path: w/web/, weight: {w}}}", "{path: code.bin}")]))
+            for name, w in (("a", 0.7), ("b", 0.5))]
+    assert differing_keys(runs) == ["data.sources"]
+    assert [key_value(run, "data.sources", False) for run in runs] == ["web 0.7, code 1.0", "web 0.5, code 1.0"]
