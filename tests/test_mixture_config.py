@@ -104,6 +104,10 @@ BAD = [  # (sources override or other overrides, key, start of the message)
      "mixture must share one tokenizer"),
     ([sources("{path: TOKA}", "{path: TOKB}")], "data.sources[1].path",
      "source tokb was prepared with the tokenizer TOK_B and source toka with the tokenizer TOK_A"),
+    ([sources("{path: WEB}"), "data.dtype=uint16"], "data.dtype",
+     "is uint16 but WEB/index.json says uint32; set data.dtype=uint32 (or null) (source web, data.sources[0].path)"),
+    ([sources("{path: CODE}", "{path: SUB}")], "data.sources[1].path",
+     "source sub: SUB is a folder without index.json"),
     ([sources("{path: WEB}"), "data.path=x.bin"], "data.path", "is not used by data=mix"),
     ([sources("{path: WEB, wieght: 0.3}")], "data.sources[0].wieght",
      "unknown key (not in the schema; did you mean data.sources[0].weight?)"),
@@ -294,3 +298,28 @@ def test_compare_shows_a_mixture_by_name_and_weight():
             for name, w in (("a", 0.7), ("b", 0.5))]
     assert differing_keys(runs) == ["data.sources"]
     assert [key_value(run, "data.sources", False) for run in runs] == ["web 0.7, code 1.0", "web 0.5, code 1.0"]
+
+
+def test_the_launcher_prints_the_mixture_change_on_resume(data, tmp_path, capsys, monkeypatch):
+    from llmtrain.checkpoint import store
+    from llmtrain.config import to_yaml
+    from llmtrain.console import get_console
+    from llmtrain.launch import run, run_identity
+
+    old = mix(sources(f"{{path: {data['web']}, weight: 0.7}}", f"{{path: {data['code']}, weight: 0.3}}"))
+    new = mix(sources(f"{{path: {data['web']}, weight: 0.5}}", f"{{path: {data['code']}, weight: 0.5}}"),
+              f"run.dir={tmp_path / 'run'}")
+    old.run.dir = new.run.dir
+    ckpt = str(tmp_path / "run" / "checkpoints" / "step_00000010")
+    os.makedirs(ckpt)
+    with open(os.path.join(ckpt, "config.yaml"), "w") as f:
+        f.write(to_yaml(old))
+    monkeypatch.setattr(store, "resolve_resume", lambda run_dir, resume: (ckpt, []))
+    monkeypatch.setattr(store, "verify", lambda path: None)
+    monkeypatch.setattr(store, "read_meta", lambda path: {"step": 10, "data": data_identity(old.data)})
+    monkeypatch.setattr(run_identity, "conflict", lambda *args: ("", []))
+    assert run.check_resume(new, get_console(width=300)) == ckpt
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [f"llmtrain: resuming from {ckpt} with these changes:",
+                     "  data.sources: web weight 0.7 -> 0.5, code weight 0.3 -> 0.5; the stream continues from the "
+                     "samples each source has consumed"]
