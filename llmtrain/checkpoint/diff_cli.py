@@ -34,8 +34,11 @@ def report(result, atol: float) -> list[str]:
         shapes = [d.name for d in result.differing if d.shapes]
         if shapes and not first.shapes:
             lines.append(f"shapes differ: {_first(shapes)}")
-    if result.largest is not None and result.largest.max_abs > 0:
-        lines.append(f"largest difference: {result.largest.max_abs:.6g} in {result.largest.name}")
+    largest, in_model = result.largest, result.largest_model
+    if largest is not None and largest.max_abs > 0:
+        lines.append(f"largest difference: {largest.max_abs:.6g} in {largest.name}"
+                     + (f"; in the model: {in_model.max_abs:.6g} in {in_model.name}"
+                        if in_model is not None and in_model is not largest and in_model.max_abs > 0 else ""))
     for side, names in (("A", result.only_a), ("B", result.only_b)):
         if names:
             lines.append(f"only in {side}: {_first(names)}")

@@ -33,6 +33,7 @@ class DiffResult:
     only_a: list[str] = field(default_factory=list)
     only_b: list[str] = field(default_factory=list)
     largest: TensorDiff | None = None  # the largest absolute difference over every tensor of equal shape
+    largest_model: TensorDiff | None = None  # the same over the model's tensors (AdamW's step counts dwarf them)
 
     @property
     def identical(self) -> bool:
@@ -60,6 +61,9 @@ def diff_checkpoints(a: CheckpointReader, b: CheckpointReader, atol: float = 0.0
         diff = compare(name, a.read(names_a[name]), b.read(names_b[name]), atol)
         if result.largest is None or diff.max_abs > result.largest.max_abs:
             result.largest = diff
+        if names_a[name].startswith(MODEL) and (result.largest_model is None or
+                                                diff.max_abs > result.largest_model.max_abs):
+            result.largest_model = diff
         if diff.differing:
             result.differing.append(diff)
     return result

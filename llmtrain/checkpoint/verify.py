@@ -44,6 +44,8 @@ class Summary:
 def verify_checkpoint(path: str) -> Summary:
     t0 = time.perf_counter()
     name = os.path.basename(os.path.normpath(path))
+    if name.endswith(".tmp"):
+        raise VerifyError(name, "incomplete checkpoint: its save did not finish (a .tmp folder)")
     meta = store.read_meta(path)
     if meta is None:
         raise VerifyError(f"{name}/{store.META}", "missing file" if not os.path.exists(os.path.join(path, store.META))
@@ -69,6 +71,9 @@ def check_files(path: str, name: str, meta: dict) -> tuple[int, int, bool]:
         present = [f for f in os.listdir(path) if f != store.META and os.path.isfile(os.path.join(path, f))]
         return len(present), sum(os.path.getsize(os.path.join(path, f)) for f in present), False
     for file, expect in sorted(manifest.items()):
+        if not (isinstance(expect, dict) and isinstance(expect.get("bytes"), int)
+                and isinstance(expect.get("crc32"), int)):
+            raise VerifyError(f"{name}/{store.META}", f"manifest entry of {file} lacks its bytes or crc32")
         full = os.path.join(path, file)
         if not os.path.isfile(full):
             raise VerifyError(f"{name}/{file}", "missing file")
