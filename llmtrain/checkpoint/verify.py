@@ -150,13 +150,14 @@ def check_records(reader: CheckpointReader, name: str, meta: dict) -> None:
         shapes = model_shapes(cfg.model)
     except (ConfigError, ValueError, KeyError, AttributeError) as e:
         raise VerifyError(f"{name}/config.yaml", f"unreadable ({first_line(e)})") from None
-    if layout is not None and layout != cfg_layout:
-        what = ", ".join(f"{k} {layout.get(k)} vs {cfg_layout.get(k)}" for k in sorted(set(layout) | set(cfg_layout))
-                         if layout.get(k) != cfg_layout.get(k))
+    # Only the keys meta.json has: an older save may lack keys added since.
+    layout_diff = [k for k in sorted(layout or {}) if layout[k] != cfg_layout.get(k)]
+    if layout_diff:
+        what = ", ".join(f"{k} {layout[k]} vs {cfg_layout.get(k)}" for k in layout_diff)
         raise VerifyError(f"{name}/{store.META}", f"layout disagrees with config.yaml: {what}")
-    if meta.get("model") is not None and meta["model"] != cfg_model:
-        keys = sorted(k for k in set(meta["model"]) | set(cfg_model) if meta["model"].get(k) != cfg_model.get(k))
-        raise VerifyError(f"{name}/{store.META}", f"model disagrees with config.yaml: {', '.join(keys)}")
+    model_diff = [k for k in sorted(meta.get("model") or {}) if meta["model"][k] != cfg_model.get(k)]
+    if model_diff:
+        raise VerifyError(f"{name}/{store.META}", f"model disagrees with config.yaml: {', '.join(model_diff)}")
     stored = {clean_name(k[len("model."):]): md for k, md in reader.tensors(("model.",)).items()}
     for param, shape in shapes.items():
         md = stored.get(param)
