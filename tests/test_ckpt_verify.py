@@ -192,6 +192,23 @@ def test_a_layout_that_disagrees_with_config_yaml_is_named(ckpt, capsys):
     assert err == "llmtrain: verify failed: step-0000004/meta.json: layout disagrees with config.yaml: tp 2 vs 1\n"
 
 
+def test_a_world_size_other_than_the_ranks_that_saved_is_named(ckpt, capsys):
+    meta = json.loads((ckpt / "meta.json").read_text())
+    meta["layout"].update(dp=2, world_size=2)
+    (ckpt / "meta.json").write_text(json.dumps(meta))
+    code, _, err = cli(capsys, "verify", str(ckpt))
+    assert code == 1
+    assert err == "llmtrain: verify failed: step-0000004/meta.json: layout world_size 2, but ranks 0 wrote RNG state\n"
+
+
+def test_an_unfinished_save_is_named_as_such(ckpt, capsys):
+    unfinished = ckpt.rename(ckpt.with_name("step-0000006.tmp"))
+    code, _, err = cli(capsys, "verify", str(unfinished))
+    assert code == 1
+    assert err == "llmtrain: verify failed: step-0000006.tmp: incomplete checkpoint: its save did not finish (a .tmp " \
+                  "folder)\n"
+
+
 def test_bad_input_is_one_line_exit_2(tmp_path, capsys):
     code, _, err = cli(capsys, "verify", str(tmp_path / "nothing"))
     assert code == 2 and err.count("\n") == 1 and "no such checkpoint folder or run directory" in err
