@@ -183,6 +183,21 @@ def test_chunks_that_do_not_cover_a_tensor_are_named(ckpt, capsys):
                                 "elements of shape [32, 32]\n"
 
 
+def test_overlapping_chunks_are_named(ckpt, capsys):
+    import pickle
+
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex
+
+    md = FileSystemReader(str(ckpt)).read_metadata()
+    key = "model.embed.pos.weight"
+    md.state_dict_metadata[key].chunks.append(ChunkStorageMetadata(torch.Size([16, 8]), torch.Size([8, 8])))
+    md.storage_data[MetadataIndex(key, torch.Size([16, 8]))] = md.storage_data[MetadataIndex(key, torch.Size([0, 0]))]
+    (ckpt / ".metadata").write_bytes(pickle.dumps(md))
+    update_manifest(ckpt)
+    code, _, err = cli(capsys, "verify", str(ckpt))
+    assert code == 1 and err == f"llmtrain: verify failed: {key}: chunks at [0, 0] and [16, 8] overlap\n"
+
+
 def test_a_layout_that_disagrees_with_config_yaml_is_named(ckpt, capsys):
     meta = json.loads((ckpt / "meta.json").read_text())
     meta["layout"]["tp"] = 2
