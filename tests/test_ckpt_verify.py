@@ -287,6 +287,29 @@ def test_another_model_shape_is_named_and_missing_tensors_counted(run, tmp_path,
     assert f", {len(only_a)} only in A, 0 only in B (atol 0)" in out
 
 
+def test_values_compare_with_nan_equal_to_nan_and_inf_against_a_number():
+    from llmtrain.checkpoint.tensor_diff import compare
+
+    nan, inf = float("nan"), float("inf")
+    same = compare("t", torch.tensor([1.0, nan, inf]), torch.tensor([1.0, nan, inf]), atol=0.0)
+    assert (same.max_abs, same.differing, same.numel) == (0.0, 0, 3)
+    off = compare("t", torch.tensor([1.0, nan, 2.0, 3.0]), torch.tensor([1.5, 0.0, 2.25, 3.0]), atol=0.3)
+    assert (off.max_abs, off.differing) == (inf, 2)  # 0.5 and the NaN are beyond 0.3; 0.25 is not
+    bf16 = compare("t", torch.tensor([1.0], dtype=torch.bfloat16), torch.tensor([1.0078125]), atol=0.0)
+    assert bf16.max_abs == 0.0078125  # other dtypes compare by value
+
+
+def test_the_command_exits_with_the_status_it_reports(run, tmp_path):
+    from conftest import run_cli
+
+    result = run_cli(["ckpt", "diff", "--model-only", str(run / "checkpoints" / "step-0000002"), str(run)])
+    assert result.returncode == 1 and result.stdout.splitlines()[-1].startswith("different: ")
+    bad = Path(shutil.copytree(run / "checkpoints" / "step-0000004", tmp_path / "step-0000004"))
+    shard(bad).write_bytes(shard(bad).read_bytes()[:-1])
+    result = run_cli(["ckpt", "verify", str(bad)])
+    assert result.returncode == 1 and "step-0000004/__0_0.distcp: " in result.stderr and result.stdout == ""
+
+
 # ---- layouts (several processes) -------------------------------------------------------------------------------
 
 
