@@ -47,9 +47,9 @@ def verify_checkpoint(path: str) -> Summary:
     if name.endswith(".tmp"):
         raise VerifyError(name, "incomplete checkpoint: its save did not finish (a .tmp folder)")
     meta = store.read_meta(path)
-    if meta is None:
+    if not isinstance(meta, dict):
         raise VerifyError(f"{name}/{store.META}", "missing file" if not os.path.exists(os.path.join(path, store.META))
-                          else "unreadable (not JSON)")
+                          else "unreadable (not a JSON object)")
     files, size, checksummed = check_files(path, name, meta)
     try:
         reader = CheckpointReader(path)
