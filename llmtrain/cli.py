@@ -146,7 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_prepare_arguments(prepare)
 
-    ckpt = sub.add_parser("ckpt", help="checkpoint tools (list, export)", description="Checkpoint tools.")
+    ckpt = sub.add_parser("ckpt", help="checkpoint tools (list, export, verify, diff)",
+                          description="Checkpoint tools.")
     ckpt_sub = ckpt.add_subparsers(dest="ckpt_command", metavar="CKPT_COMMAND", parser_class=_Parser)
     from llmtrain.checkpoint.export_cli import add_export_arguments
     from llmtrain.checkpoint.list_cli import add_list_arguments
@@ -158,6 +159,21 @@ def build_parser() -> argparse.ArgumentParser:
         "export", help="consolidated weights as safetensors or a Hugging Face GPT-2 folder",
         description="Write a checkpoint's consolidated weights: --format safetensors (llmtrain names) or hf (a "
                     "folder transformers.GPT2LMHeadModel.from_pretrained loads)."))
+    from llmtrain.checkpoint.diff_cli import add_diff_arguments
+    from llmtrain.checkpoint.verify_cli import add_verify_arguments
+
+    add_verify_arguments(ckpt_sub.add_parser(
+        "verify", help="re-read a checkpoint: files against their sizes and CRC32s, chunks, finite tensors",
+        description="Re-read a checkpoint (a run directory: its newest; --all: every one): each file against the "
+                    "size and CRC32 recorded at save time, DCP's chunks against each tensor's shape, meta.json "
+                    "against config.yaml, and every floating tensor (one at a time) for NaN/Inf. Exit 0 with a "
+                    "one-line summary, 1 naming the first bad file or tensor, 2 for bad input."))
+    add_diff_arguments(ckpt_sub.add_parser(
+        "diff", help="compare two checkpoints tensor by tensor, across layouts",
+        description="Compare the model and optimizer tensors of two checkpoints (run directories: their newest), "
+                    "resharded to full tensors whatever layouts saved them: the first tensor that differs, the "
+                    "largest absolute difference, and counts. RNG state and counters are not compared. Exit 0 "
+                    "when identical within --atol, 1 when they differ, 2 for bad input."))
     return parser
 
 
@@ -270,6 +286,14 @@ def main(argv: list[str] | None = None) -> int:
             from llmtrain.checkpoint.list_cli import run_list
 
             return run_list(args)
+        if args.command == "ckpt" and args.ckpt_command == "verify":
+            from llmtrain.checkpoint.verify_cli import run_verify
+
+            return run_verify(args)
+        if args.command == "ckpt" and args.ckpt_command == "diff":
+            from llmtrain.checkpoint.diff_cli import run_diff
+
+            return run_diff(args)
         if args.command == "ckpt" and args.ckpt_command == "export":
             from llmtrain.checkpoint.export_cli import run_export
 

@@ -28,7 +28,8 @@ from llmtrain.config.derived import world_size
 from llmtrain.data.identity import data_identity
 
 
-def _layout(cfg: DictConfig) -> dict:
+def layout_of(cfg: DictConfig) -> dict:
+    """The parallel layout recorded in meta.json (and compared with it on load)."""
     p = cfg.parallel
     return {"dp": p.dp, "tp": p.tp, "pp": p.pp, "zero": p.zero, "virtual_stages": p.virtual_stages,
             "world_size": world_size(cfg)}
@@ -206,7 +207,7 @@ class CheckpointManager:
         if self.rank == 0:
             with open(os.path.join(tmp, "config.yaml"), "w") as f:
                 f.write(to_yaml(self.cfg))
-            final = store.finalize(tmp, {"step": step, "complete": True, "layout": _layout(self.cfg),
+            final = store.finalize(tmp, {"step": step, "complete": True, "layout": layout_of(self.cfg),
                                          "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
                                          # training time of the whole run up to this step, over every launch
                                          "elapsed_s": round(elapsed, 3),
@@ -225,7 +226,7 @@ class CheckpointManager:
     def load(self, trainer, path: str, prefix: str = "") -> None:
         """Restore `trainer` from the checkpoint at `path`; `prefix` starts the log line (a restart's number)."""
         meta = store.verify(path, crc=False)
-        same_layout = meta.get("layout") == _layout(self.cfg)
+        same_layout = meta.get("layout") == layout_of(self.cfg)
         state = self.state_dict(trainer, for_load=True, include_rng=same_layout)
         try:
             dcp.load(state, checkpoint_id=path, process_group=self.group)
@@ -245,5 +246,5 @@ class CheckpointManager:
             # Another layout: ranks map to other work, so reseed from (seed, step, rank) instead.
             torch.manual_seed(self.cfg.train.seed + 1_000_003 * trainer.step + self.rank)
         self.log(f"llmtrain: {prefix}resumed from {path} at step {trainer.step} ({trainer.samples_seen:,} samples seen)"
-                 + ("" if same_layout else f"; resharded from layout {meta.get('layout')} to {_layout(self.cfg)}"),
+                 + ("" if same_layout else f"; resharded from layout {meta.get('layout')} to {layout_of(self.cfg)}"),
                  flush=True)

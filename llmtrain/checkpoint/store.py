@@ -108,6 +108,14 @@ def corrupt_error(path: str) -> CheckpointError:
                                  "earlier checkpoint")
 
 
+def is_checkpoint_folder(path: str) -> bool:
+    """A folder with DCP's .metadata or a meta.json, or named step-NNNNNNN, and no checkpoints/ of its own."""
+    if os.path.isdir(checkpoints_dir(path)):
+        return False
+    return (os.path.exists(os.path.join(path, DCP_METADATA)) or os.path.exists(os.path.join(path, META))
+            or _NAME.match(os.path.basename(os.path.normpath(path))) is not None)
+
+
 def checkpoint_or_newest(path: str) -> tuple[str, bool]:
     """`path` if it is a checkpoint folder, else the newest complete checkpoint of the run directory `path`.
 
@@ -119,9 +127,7 @@ def checkpoint_or_newest(path: str) -> tuple[str, bool]:
     if not os.path.isdir(path):
         return path, False
     has_checkpoints = os.path.isdir(checkpoints_dir(path))
-    is_checkpoint = (os.path.exists(os.path.join(path, ".metadata")) or os.path.exists(os.path.join(path, META))
-                     or _NAME.match(os.path.basename(os.path.normpath(path))) is not None)
-    if is_checkpoint and not has_checkpoints:
+    if is_checkpoint_folder(path):
         return path, False
     latest, _ = latest_complete(path)
     if latest is None:
@@ -166,7 +172,7 @@ def file_manifest(path: str) -> dict[str, dict]:
         full = os.path.join(path, name)
         if name == META or not os.path.isfile(full):
             continue
-        manifest[name] = {"bytes": os.path.getsize(full), "crc32": _crc32(full)}
+        manifest[name] = {"bytes": os.path.getsize(full), "crc32": file_crc32(full)}
     return manifest
 
 
@@ -186,7 +192,7 @@ def verify(path: str, crc: bool = True) -> dict:
         if size != expect["bytes"]:
             raise CheckpointError(full, f"checkpoint file is truncated or altered: {size} bytes, "
                                         f"{expect['bytes']} written")
-        if crc and _crc32(full) != expect["crc32"]:
+        if crc and file_crc32(full) != expect["crc32"]:
             raise CheckpointError(full, "checkpoint file is corrupted (CRC32 differs from the one written)")
     return meta
 
@@ -253,7 +259,7 @@ def check(info: CheckpointInfo) -> str | None:
     return None
 
 
-def _crc32(path: str) -> int:
+def file_crc32(path: str) -> int:
     crc = 0
     with open(path, "rb") as f:
         while chunk := f.read(1 << 22):
