@@ -213,7 +213,7 @@ def run_job_command(args) -> int:
 
         return run_status(args)
     if args.command == "follow":
-        from llmtrain.jobs.follow import run_follow
+        from llmtrain.jobs.follow_job import run_follow
 
         return run_follow(args)
     from llmtrain.jobs.cancel import run_cancel
@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return run_compare(args)
         if args.command == "doctor":
-            from llmtrain.doctor import run_doctor
+            from llmtrain.doctor.command import run_doctor
 
             return run_doctor(_compose(args), args.max_bytes, args.iters)
         if args.command in JOB_COMMANDS:
@@ -324,7 +324,7 @@ def cmd_launch(args) -> int:
     from llmtrain.launch.run import dry_run, launch
 
     if args.multirun:
-        from llmtrain.sweep.run import run_sweep
+        from llmtrain.sweep.launch_sweep import run_sweep
 
         return run_sweep(args)
     if args.fail_fast:
@@ -348,7 +348,7 @@ def entry() -> None:
     try:
         code = _main_with_signals(early)
     except KeyboardInterrupt:
-        from llmtrain.launch.stopping import stopped_early
+        from llmtrain.launch.supervision.stopping import stopped_early
 
         # `data prepare` starts no worker; stopped before it began, it has written nothing.
         prepare = sys.argv[1:3] == ["data", "prepare"]
@@ -358,7 +358,7 @@ def entry() -> None:
 
 def _main_with_signals(early: list[int]) -> int:
     from llmtrain.launch.run import EXIT_PREEMPTED, PreemptRequest, raise_preempt
-    from llmtrain.launch.stopping import stopped_early
+    from llmtrain.launch.supervision.stopping import stopped_early
 
     # SIGTERM / SIGUSR1 (cluster preemption): checkpoint, then stop. Ctrl-C (SIGINT): stop now. Either one that
     # arrives before the job has started stops the launch there, without a traceback.

@@ -14,7 +14,7 @@ import sys
 import traceback
 from datetime import timedelta
 
-from llmtrain.launch.placement import record_place
+from llmtrain.launch.supervision.placement import record_place
 
 
 def _redirect_output(log_path: str) -> None:

@@ -54,7 +54,7 @@ def timed(argv: list[str], env: dict, metrics: str) -> tuple[float, float]:
 
 def run_bare(run_dir: str, nproc: int, steps: int, extra: list[str]) -> tuple[float, float]:
     from llmtrain.config import compose_config
-    from llmtrain.launch.backend import worker_env
+    from llmtrain.launch.backends.base import worker_env
 
     ov = overrides(run_dir, nproc, steps, extra)
     os.makedirs(os.path.join(run_dir, "logs"))

@@ -16,10 +16,11 @@ from rich.console import Console
 
 from llmtrain.cli import main
 from llmtrain.config import ConfigError, compose_config, validate
-from llmtrain.launch import slurm, ssh
+from llmtrain.launch.backends import slurm
+from llmtrain.launch.backends import ssh
 from llmtrain.launch.hostfile import cluster_hosts
-from llmtrain.launch.slurm import SlurmBackend
-from llmtrain.launch.ssh import SSHBackend
+from llmtrain.launch.backends.slurm import SlurmBackend
+from llmtrain.launch.backends.ssh import SSHBackend
 
 JOB = """JobId=123 JobName=llmtrain-gpt-tiny
    UserId=root(0) GroupId=root(0) MCS_label=N/A
@@ -153,7 +154,7 @@ def test_slurm_script_runs_setup_then_exports_then_srun(tmp_path):
     assert srun[:3] == ["it's 2", "WARN", "^lo,docker"]
     assert "--rdzv-endpoint=node1:20123" in srun and "--rdzv-id=llmtrain-123" in srun
     # Each node turns the preset's ^lo,docker into one of its interface names before the agent starts.
-    assert srun[srun.index("-m") + 1] == "llmtrain.launch.node_env"
+    assert srun[srun.index("-m") + 1] == "llmtrain.launch.node.env"
     assert "llmtrain: job 123 on node1, rendezvous node1:20123" in result.stdout
 
 
@@ -192,20 +193,20 @@ def test_network_presets_set_gloo_interface_with_nccl(preset):
     ("^lo", ["lo"], None),
 ])
 def test_gloo_interface_resolved_from_nccl_syntax(value, interfaces, name):
-    from llmtrain.launch import node_env
+    from llmtrain.launch.node import env as node_env
 
     assert node_env.resolve(value, interfaces) == name
 
 
 def test_node_env_execs_with_the_resolved_interface(monkeypatch):
-    from llmtrain.launch import node_env
+    from llmtrain.launch.node import env as node_env
 
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "^lo,docker")
     monkeypatch.setattr(node_env, "usable_interfaces", lambda: ["lo", "docker0", "ens5"])
     ran = []
     monkeypatch.setattr(node_env.os, "execvp", lambda file, argv: ran.append((argv, os.environ[node_env.VAR])))
-    node_env.main(["--", "python", "-m", "llmtrain.launch.node_agent"])
-    assert ran == [(["python", "-m", "llmtrain.launch.node_agent"], "ens5")]
+    node_env.main(["--", "python", "-m", "llmtrain.launch.node.agent"])
+    assert ran == [(["python", "-m", "llmtrain.launch.node.agent"], "ens5")]
 
 
 def test_readme_comma_value_and_list_overrides_compose():
@@ -285,7 +286,7 @@ def test_ssh_remote_command_runs_setup_lines_in_order_then_the_agent(tmp_path, s
     assert result.returncode == 0, result.stderr
     assert (work / "order.txt").read_text() == "one\ntwo it's 2\n"
     agent = (tmp_path / "agent.txt").read_text().splitlines()
-    assert agent[0] == "it's 2" and agent[1:3] == ["-m", "llmtrain.launch.node_agent"]
+    assert agent[0] == "it's 2" and agent[1:3] == ["-m", "llmtrain.launch.node.agent"]
 
 
 def test_ssh_failing_setup_line_stops_the_node_naming_it(tmp_path):

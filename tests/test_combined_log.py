@@ -9,8 +9,8 @@ import sys
 
 from conftest import SMALL, launch
 
-from llmtrain.launch.combined_log import CombinedLog, combined_path
-from llmtrain.launch.placement import describe_rank, node_label, rank_label
+from llmtrain.launch.supervision.combined_log import CombinedLog, combined_path
+from llmtrain.launch.supervision.placement import describe_rank, node_label, rank_label
 
 
 def _place(logs, rank: int, node: int, host: str, local_rank: int) -> None:
@@ -69,14 +69,14 @@ def test_local_launches_write_one_combined_log_with_a_separator_each(tmp_path):
 
 def test_slurm_script_runs_the_merger_around_srun(tmp_path):
     from llmtrain.config import compose_config
-    from llmtrain.launch.slurm import SlurmBackend
+    from llmtrain.launch.backends.slurm import SlurmBackend
 
     cfg = compose_config(["cluster=slurm", f"run.dir={tmp_path}", "cluster.nnodes=2"])
     script = SlurmBackend(cfg, str(tmp_path)).script().splitlines()
-    start = next(i for i, line in enumerate(script) if "-m llmtrain.launch.combined_log" in line)
+    start = next(i for i, line in enumerate(script) if "-m llmtrain.launch.supervision.combined_log" in line)
     srun = next(i for i, line in enumerate(script) if line.startswith("srun "))
     stop = script.index('kill "$notice" 2>/dev/null; kill -TERM "$merger"; wait "$merger"')
-    notice = next(i for i, line in enumerate(script) if "-m llmtrain.launch.slurm_notice" in line)
+    notice = next(i for i, line in enumerate(script) if "-m llmtrain.launch.node.slurm_notice" in line)
     assert start < notice < srun < stop and script[start].endswith("& merger=$!")
     # The batch shell passes a USR1 on to the steps while srun runs, and the job's end it execs ignores one.
     assert script.index("trap forward_notice USR1") < srun < stop < script.index("trap '' USR1")
@@ -86,7 +86,7 @@ def test_slurm_script_runs_the_merger_around_srun(tmp_path):
 def test_merger_stops_on_sigterm_after_a_last_read(tmp_path):
     logs = tmp_path / "logs"
     logs.mkdir()
-    proc = subprocess.Popen([sys.executable, "-m", "llmtrain.launch.combined_log", str(tmp_path)],
+    proc = subprocess.Popen([sys.executable, "-m", "llmtrain.launch.supervision.combined_log", str(tmp_path)],
                             env={"SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": "1", "PATH": "/usr/bin:/bin",
                                  "PYTHONPATH": ":".join(sys.path)})
     try:

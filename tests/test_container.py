@@ -21,8 +21,8 @@ from conftest import run_cli
 
 from llmtrain.cli import main
 from llmtrain.config import ConfigError, compose_config, validate
-from llmtrain.launch.slurm import SlurmBackend
-from llmtrain.launch.ssh import SSHBackend
+from llmtrain.launch.backends.slurm import SlurmBackend
+from llmtrain.launch.backends.ssh import SSHBackend
 
 PYXIS_IMAGE = "nvcr.io#nvidia/pytorch:24.05-py3"
 SIF = "/shared/images/pytorch.sif"
@@ -67,7 +67,7 @@ def test_pyxis_srun_line_gets_image_mounts_and_workdir():
                 "cluster.container.mounts=[/data:/data:ro+rprivate]")
     script = SlurmBackend(cfg, "/shared/proj/runs/c").script()
     plain = plain_command(cfg, "/shared/proj/runs/c")
-    assert plain.startswith("python -m llmtrain.launch.node_agent /shared/proj/runs/c slurm -- python -m "
+    assert plain.startswith("python -m llmtrain.launch.node.agent /shared/proj/runs/c slurm -- python -m "
                             "torch.distributed.run --nnodes=2 ")
     # The run directory lies inside the working directory: one mount holds both.
     assert srun_line(script) == (
@@ -110,7 +110,7 @@ def test_pyxis_setup_lines_run_inside_not_in_the_batch_shell():
         f"sh -c {shlex.quote(SETUP_SCRIPT)} llmtrain-setup env {exported(script)} "
         f"{plain_command(cfg, '/shared/proj/runs/c')}")
     # Outside the container (the end of the batch script), the launcher's own interpreter: python is the image's.
-    assert re.search(r"\nexec /\S*python\S* -m llmtrain.launch.slurm_job_end ", script), script
+    assert re.search(r"\nexec /\S*python\S* -m llmtrain.launch.node.slurm_job_end ", script), script
 
 
 def _fake_bin(directory: Path, name: str, body: str) -> Path:
@@ -156,7 +156,7 @@ def test_pyxis_job_runs_setup_in_the_image_and_the_config_env_wins(tmp_path):
     assert (work / "order.txt").read_text() == "setup inside=yes\n", result.stderr
     agent = (tmp_path / "agent.txt").read_text().splitlines()
     assert agent[:4] == ["yes", "WARN", "inside=yes", str(work)]
-    assert agent[4:7] == ["-m", "llmtrain.launch.node_agent", str(tmp_path / "run")]
+    assert agent[4:7] == ["-m", "llmtrain.launch.node.agent", str(tmp_path / "run")]
     assert "--rdzv-endpoint=node1:20123" in agent
 
 
@@ -193,7 +193,7 @@ def test_apptainer_over_ssh_wraps_the_remote_command(tmp_path):
     plain = backend.node_commands()[1]
     backend.cfg.cluster.container.runtime = "apptainer"
     cmd = backend.node_commands()[1]
-    assert plain.argv[:4] == ["python3", "-m", "llmtrain.launch.node_agent", str(tmp_path / "run")]
+    assert plain.argv[:4] == ["python3", "-m", "llmtrain.launch.node.agent", str(tmp_path / "run")]
     env = [f"{k}={v}" for k, v in sorted(cmd.env.items())]
     assert cmd.argv == ["apptainer", "exec", "--bind", f"/shared/proj:/shared/proj,{tmp_path}/run:{tmp_path}/run",
                         "--pwd", "/shared/proj", SIF, "sh", "-c", SETUP_SCRIPT, "llmtrain-setup", "env", *env,
@@ -223,7 +223,7 @@ def test_apptainer_over_ssh_runs_setup_in_the_image_and_the_config_env_wins(tmp_
     assert (work / "order.txt").read_text() == "setup inside=yes\n"
     agent = (tmp_path / "agent.txt").read_text().splitlines()
     assert agent[:4] == ["yes", "WARN", "inside=yes", str(work)]
-    assert agent[4:6] == ["-m", "llmtrain.launch.node_agent"]
+    assert agent[4:6] == ["-m", "llmtrain.launch.node.agent"]
 
 
 def test_a_failing_setup_line_inside_the_container_stops_the_node_naming_it(tmp_path):
@@ -286,14 +286,14 @@ def test_a_container_without_cluster_python_runs_the_images_python(tmp_path, cap
              "cluster.container.runtime=pyxis", "cluster.container.image=/images/pt.sqsh"]
     script = SlurmBackend(cfg_of(*image, "cluster.workdir=/shared/proj"), "/shared/proj/runs/c").script()
     inside = srun_line(script).split(" env ", 1)[1]
-    assert (" python -m llmtrain.launch.node_agent /shared/proj/runs/c slurm -- python -m torch.distributed.run "
+    assert (" python -m llmtrain.launch.node.agent /shared/proj/runs/c slurm -- python -m torch.distributed.run "
             in inside), inside
-    assert f"\nexec {shlex.quote(sys.executable)} -m llmtrain.launch.slurm_job_end " in script, script
+    assert f"\nexec {shlex.quote(sys.executable)} -m llmtrain.launch.node.slurm_job_end " in script, script
     ssh = ssh_backend(tmp_path, "device=cpu", "cluster.workdir=/shared/proj", "cluster.container.runtime=apptainer",
                       f"cluster.container.image={SIF}")
     argv = ssh.node_commands()[0].argv
     assert [argv[i - 1:i + 2] for i, a in enumerate(argv) if a == "-m"][:2] == [
-        ["python", "-m", "llmtrain.launch.node_agent"], ["python", "-m", "torch.distributed.run"]], argv
+        ["python", "-m", "llmtrain.launch.node.agent"], ["python", "-m", "torch.distributed.run"]], argv
     assert main(["launch", "--dry-run", f"run.dir={tmp_path / 'run'}", f"cluster.workdir={tmp_path}", *image]) == 0
     out = capsys.readouterr().out
     assert ("llmtrain: cluster.python is not set: each node runs the image's python (found on its PATH); set "

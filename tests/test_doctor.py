@@ -18,14 +18,14 @@ import pytest
 from conftest import run_cli, wait_for
 from omegaconf import OmegaConf
 
-from llmtrain.doctor import results_dir
-from llmtrain.doctor_bandwidth import plan_sweeps
-from llmtrain.doctor_preflight import unreachable_advice
-from llmtrain.doctor_report import bandwidth_lines, problems
-from llmtrain.launch import reachability
-from llmtrain.launch.collective_interface import named_interface
-from llmtrain.launch.slurm_nodes import NodeState, parse_sinfo, parse_state
-from llmtrain.launch.ssh import ssh_base
+from llmtrain.doctor.command import results_dir
+from llmtrain.doctor.all_reduce_sweeps import plan_sweeps
+from llmtrain.doctor.node_availability import unreachable_advice
+from llmtrain.doctor.findings import bandwidth_lines, problems
+from llmtrain.launch.backends import reachability
+from llmtrain.launch.node.collective_interface import named_interface
+from llmtrain.launch.backends.slurm_nodes import NodeState, parse_sinfo, parse_state
+from llmtrain.launch.backends.ssh_options import ssh_base
 
 BAD_HOST = "nonexistent-host.invalid"
 RESOLVE_ERROR = f"ssh: Could not resolve hostname {BAD_HOST}: Name or service not known"
@@ -51,7 +51,7 @@ def with_path(folder: Path) -> dict[str, str]:
 
 # ---------------------------------------------------------------------------------------------- reachability (ssh)
 def ssh_options(**cluster) -> str:
-    """The options the launcher's ssh gets (ssh.ssh_base), as the fake ssh records them."""
+    """The options the launcher's ssh gets (ssh_options.ssh_base), as the fake ssh records them."""
     keys = {"ssh_config": None, "ssh_port": None, "ssh_identity": None, "ssh_user": None}
     return " ".join(ssh_base(OmegaConf.create({**keys, **cluster}))[1:])
 

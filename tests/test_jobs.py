@@ -19,7 +19,7 @@ from conftest import SMALL, read_rows, run_cli, wait_for
 from llmtrain.cli import main
 from llmtrain.config import compose_config, to_yaml
 from llmtrain.jobs.record import LaunchRecord, launch_overrides, read_launches
-from llmtrain.launch.ssh import SSHBackend
+from llmtrain.launch.backends.ssh import SSHBackend
 
 
 # ---- fake run directories ------------------------------------------------------------------------------------

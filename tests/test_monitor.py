@@ -4,7 +4,7 @@ import json
 
 from rich.console import Console
 
-from llmtrain.launch.failures import culprit_node, failed_ranks, report_failure
+from llmtrain.launch.supervision.failures import culprit_node, failed_ranks, report_failure
 
 SUMMARY = """Failures:
 [1]:
@@ -92,7 +92,7 @@ def _agent_failure(local_rank: int, code: int) -> str:
 
 
 def test_restart_notice_names_the_killed_rank(tmp_path):
-    from llmtrain.launch.restarts import RestartNotices
+    from llmtrain.launch.supervision.restarts import RestartNotices
 
     logs = tmp_path / "logs"
     logs.mkdir()
@@ -117,7 +117,7 @@ def test_a_node_agent_lost_after_every_rank_finished_is_a_warning(tmp_path):
     import time
     from types import SimpleNamespace
 
-    from llmtrain.launch.ssh import SSHBackend
+    from llmtrain.launch.backends.ssh import SSHBackend
 
     logs = tmp_path / "logs"
     logs.mkdir()
@@ -142,7 +142,7 @@ ENOSPC_CKPT = "RuntimeError: no space left on device writing checkpoint step 20 
 
 def test_a_recorded_storage_error_is_the_verdict_over_a_silent_peer(tmp_path):
     """The same full disk kept rank 1 from writing its traceback and status, then torchrun stopped it (SIGTERM)."""
-    from llmtrain.jobs.state import _ended
+    from llmtrain.jobs.job_state import _ended
 
     logs = tmp_path / "logs"
     logs.mkdir()
@@ -175,7 +175,7 @@ def test_a_recorded_storage_error_is_the_verdict_over_a_silent_peer(tmp_path):
 
 
 def test_a_restart_notice_names_the_rank_that_ran_out_of_space(tmp_path):
-    from llmtrain.launch.restarts import RestartNotices
+    from llmtrain.launch.supervision.restarts import RestartNotices
 
     logs = tmp_path / "logs"
     logs.mkdir()

@@ -52,7 +52,7 @@ def node_processes(run_dir) -> list[psutil.Process]:
     for p in psutil.process_iter(["cmdline"]):
         cmd = " ".join(p.info["cmdline"] or [])
         if str(run_dir) in cmd and p.pid != os.getpid() and (
-                "-m llmtrain" in cmd or "llmtrain.launch.node_agent" in cmd or "torch.distributed.run" in cmd):
+                "-m llmtrain" in cmd or "llmtrain.launch.node.agent" in cmd or "torch.distributed.run" in cmd):
             out.append(p)
     return out
 
@@ -86,8 +86,8 @@ def test_ssh_node_failure_stops_every_node(cluster, hostfile, tmp_path):  # noqa
     try:
         assert wait_for(lambda: read_rows(run_dir), timeout=180), "training never started"
         # The worker under node 1's agent (argv: ... node_agent RUN_DIR 1 -- torchrun ...) runs on node2.
-        agents = [p for p in node_processes(run_dir) if "llmtrain.launch.node_agent" in p.cmdline()
-                  and p.cmdline()[p.cmdline().index("llmtrain.launch.node_agent") + 2] == "1"]
+        agents = [p for p in node_processes(run_dir) if "llmtrain.launch.node.agent" in p.cmdline()
+                  and p.cmdline()[p.cmdline().index("llmtrain.launch.node.agent") + 2] == "1"]
         assert len(agents) == 1
         victims = [c for c in agents[0].children(recursive=True) if "llmtrain.worker" in c.cmdline()
                    and "torch.distributed.run" not in c.cmdline()]
@@ -104,8 +104,8 @@ def test_ssh_node_failure_stops_every_node(cluster, hostfile, tmp_path):  # noqa
 
 def _agent(run_dir, node: int) -> psutil.Process:
     """The node agent of `node` (argv: ... node_agent RUN_DIR NODE -- torchrun ...)."""
-    agents = [p for p in node_processes(run_dir) if "llmtrain.launch.node_agent" in p.cmdline()
-              and p.cmdline()[p.cmdline().index("llmtrain.launch.node_agent") + 2] == str(node)]
+    agents = [p for p in node_processes(run_dir) if "llmtrain.launch.node.agent" in p.cmdline()
+              and p.cmdline()[p.cmdline().index("llmtrain.launch.node.agent") + 2] == str(node)]
     assert len(agents) == 1, agents
     return agents[0]
 

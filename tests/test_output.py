@@ -8,8 +8,8 @@ import json
 from conftest import run_cli
 
 from llmtrain.console import fold_table, get_console
-from llmtrain.launch.failures import report_failure
-from llmtrain.launch.monitor import Monitor
+from llmtrain.launch.supervision.failures import report_failure
+from llmtrain.launch.supervision.monitor import Monitor
 
 STAGE_COLUMNS = ["stage", "layers", "params", "params/rank", "weights", "grads", "optimizer", "gathered",
                  "activations", "in flight", "rank peak"]

@@ -22,8 +22,8 @@ from rich.console import Console
 from llmtrain.config import ConfigError, compose_config, validate
 from llmtrain.data import DataError, build_dataset
 from llmtrain.launch import preflight
-from llmtrain.launch.failures import report_failure
-from llmtrain.launch.monitor import Monitor
+from llmtrain.launch.supervision.failures import report_failure
+from llmtrain.launch.supervision.monitor import Monitor
 from llmtrain.launch.run import EXIT_PREEMPTED, preempt
 
 FAST = ["data=synthetic", "train.max_steps=2"]

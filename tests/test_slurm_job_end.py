@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from llmtrain.launch import slurm_job_end
+from llmtrain.launch.node import slurm_job_end
 
 
 def _statuses(run_dir, status, step=40, saved=True):
@@ -65,7 +65,7 @@ def test_stop_on_request_or_finished_run_is_not_requeued(tmp_path, slurm, capsys
 
 def test_the_job_sends_its_own_time_limit_notice_before_the_end(tmp_path, monkeypatch):
     """slurm_notice reads EndTime once and sends USR1 to the job's steps NOTICE_S before it."""
-    from llmtrain.launch import slurm_notice
+    from llmtrain.launch.node import slurm_notice
 
     sent = []
     monkeypatch.setattr(slurm_notice, "seconds_left", lambda job: 1.5)

@@ -22,7 +22,7 @@ from llmtrain.cli import main
 from llmtrain.config import ConfigError, to_yaml
 from llmtrain.config.schema import ClusterConfig
 from llmtrain.launch.run_lock import RunDirLock
-from llmtrain.launch.slurm import SlurmBackend
+from llmtrain.launch.backends.slurm import SlurmBackend
 
 # sinfo -h -o '%P|%c': the default partition marked `*`; a partition whose nodes differ has a line per kind.
 SINFO = "debug*|2\ngpu|64\ngpu|48+\n"
@@ -52,7 +52,7 @@ def test_each_node_task_gets_the_nodes_cpus(fake, overrides, sinfo, cpus):
 
 
 def test_sinfo_cpus_are_read_per_partition():
-    from llmtrain.launch.slurm_nodes import parse_cpus
+    from llmtrain.launch.backends.slurm_nodes import parse_cpus
 
     assert parse_cpus(SINFO, None) == 2 and parse_cpus(SINFO, "gpu") == 48 and parse_cpus(SINFO, "cpu") is None
     assert parse_cpus("", None) is None

@@ -19,8 +19,8 @@ import time
 
 from llmtrain.jobs import rundir
 from llmtrain.jobs.slurm_query import scancel
-from llmtrain.jobs.state import LAUNCHER_OWNED, UNKNOWN, JobState, describe_launcher, job_state
-from llmtrain.launch.follow import LineFollower
+from llmtrain.jobs.job_state import LAUNCHER_OWNED, UNKNOWN, JobState, describe_launcher, job_state
+from llmtrain.launch.supervision.line_follower import LineFollower
 
 GRACE_MARGIN_S = 30  # beyond launch.preempt_grace_s: the launcher's own clean-up after the workers saved
 NOW_WAIT_S = 60  # --now: time for the launcher to kill everything, or for Slurm to end the job
@@ -97,7 +97,7 @@ def wait_until_stopped(run_dir: str, job: JobState, now: bool, timeout_s: float)
 
 
 def run_cancel(args) -> int:
-    from llmtrain.launch import processes
+    from llmtrain.launch.supervision import processes
     from llmtrain.launch.run import checkpoint_state
 
     run_dir, cfg = rundir.load(args.run_dir)

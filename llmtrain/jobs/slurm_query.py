@@ -6,7 +6,7 @@ import subprocess
 from dataclasses import dataclass, field
 
 from llmtrain.launch.run_lock import SLURM_ENDED
-from llmtrain.launch.slurm_states import exit_code, parse_fields
+from llmtrain.launch.backends.slurm_refusals import exit_code, parse_fields
 
 # Not started yet: nothing runs, so there is nothing to checkpoint.
 PENDING_STATES = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"}

@@ -14,7 +14,7 @@ import shlex
 from llmtrain.checkpoint import store
 from llmtrain.jobs import rundir
 from llmtrain.jobs.record import read_launches
-from llmtrain.jobs.state import LAUNCHER_OWNED, PENDING, JobState, job_state
+from llmtrain.jobs.job_state import LAUNCHER_OWNED, PENDING, JobState, job_state
 from llmtrain.train.metrics import read_metrics
 
 TAIL_BYTES = 1 << 16  # the last train row is near the end of metrics.jsonl: read only this much first

@@ -1,5 +1,5 @@
-"""Starting the job: one launcher interface, one small backend per way of reaching the nodes."""
+"""`llmtrain launch`: run.py checks a composed config, takes the run directory and hands the job to a backend.
 
-from llmtrain.launch.backend import Backend, NodeCommand, get_backend
-
-__all__ = ["Backend", "NodeCommand", "get_backend"]
+Rooms: backends/ (how the nodes are reached: local, ssh, Slurm), node/ (what runs on each node under torchrun),
+supervision/ (watching the processes and the run directory until the job ends). docs/launcher.md maps them.
+"""

@@ -22,8 +22,8 @@ import sys
 from omegaconf import OmegaConf
 
 from llmtrain.config.errors import ConfigError
-from llmtrain.launch.backend import CONTAINER_PYTHON, node_python
-from llmtrain.launch.node_setup import setup_statements
+from llmtrain.launch.backends.base import CONTAINER_PYTHON, node_python
+from llmtrain.launch.node.setup import setup_statements
 
 # Backends each runtime works with: pyxis is a Slurm plugin (srun options); apptainer wraps any remote command.
 BACKENDS = {"pyxis": ("slurm",), "apptainer": ("slurm", "ssh")}

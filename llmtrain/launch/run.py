@@ -17,12 +17,13 @@ from llmtrain.config.errors import ConfigError
 from llmtrain.data.errors import DataError
 from llmtrain.console import fold_table, get_console
 from llmtrain.jobs.record import LaunchRecord
-from llmtrain.jobs.state import stopped_short
-from llmtrain.launch import run_identity, stopping
-from llmtrain.launch.backend import get_backend
-from llmtrain.launch.failures import rank_statuses
+from llmtrain.jobs.job_state import stopped_short
+from llmtrain.launch import run_identity
+from llmtrain.launch.supervision import stopping
+from llmtrain.launch.backends.registry import get_backend
+from llmtrain.launch.supervision.failures import rank_statuses
 from llmtrain.launch.container import default_python_note
-from llmtrain.launch.monitor import Monitor, RendezvousTimeout
+from llmtrain.launch.supervision.monitor import Monitor, RendezvousTimeout
 from llmtrain.launch.run_lock import RunDirLock
 from llmtrain.parallel.layout import ParallelDims
 from llmtrain.train.trackers.stores import check_tracker_stores
@@ -248,7 +249,7 @@ def _start_and_follow(cfg: DictConfig, backend, console) -> int:
 def checkpoint_state(run_dir: str) -> str:
     """After a stop: which checkpoint the workers saved on their way out, else the one a relaunch resumes from."""
     from llmtrain.checkpoint import store
-    from llmtrain.launch.failures import rank_statuses
+    from llmtrain.launch.supervision.failures import rank_statuses
 
     statuses = rank_statuses(run_dir)
     steps = {s.get("step") for s in statuses.values() if s.get("status") == "preempted"}
@@ -299,7 +300,7 @@ def _wait_for_starting_workers(monitor, run_dir: str, why: str, grace: float) ->
 
 
 def _report_preempted(console, run_dir: str, code: int | None) -> None:
-    from llmtrain.launch.failures import rank_statuses
+    from llmtrain.launch.supervision.failures import rank_statuses
 
     statuses = rank_statuses(run_dir)
     steps = {s.get("step") for s in statuses.values() if s.get("status") == "preempted"}

@@ -19,8 +19,8 @@ import uuid
 import psutil
 
 from llmtrain.config.errors import ConfigError
-from llmtrain.launch import processes
-from llmtrain.launch.slurm_states import FINAL_STATES, parse_fields
+from llmtrain.launch.supervision import processes
+from llmtrain.launch.backends.slurm_refusals import FINAL_STATES, parse_fields
 
 LOCK_NAME = ".lock"
 SLURM_ENDED = FINAL_STATES | {"UNKNOWN"}  # UNKNOWN: the job has left the controller

@@ -20,7 +20,7 @@ def sweep_table(plan: SweepPlan):
 
 
 def dry_run(plan: SweepPlan) -> int:
-    from llmtrain.launch.backend import get_backend
+    from llmtrain.launch.backends.registry import get_backend
 
     previews = []
     for run in plan.runs:  # every backend is set up before anything is printed: a refusal is then one line

@@ -15,7 +15,7 @@ def skip_reason(cfg: DictConfig) -> tuple[str, str] | None:
     from llmtrain.checkpoint import store
     from llmtrain.checkpoint.diff import config_diff
     from llmtrain.config import load_run_config
-    from llmtrain.jobs.state import FINISHED, job_state
+    from llmtrain.jobs.job_state import FINISHED, job_state
     from llmtrain.jobs.status import last_train_row
 
     run_dir = cfg.run.dir

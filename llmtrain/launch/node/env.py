@@ -1,4 +1,4 @@
-"""Runs on each node in front of the node agent: `python -m llmtrain.launch.node_env -- CMD...`.
+"""Runs on each node in front of the node agent: `python -m llmtrain.launch.node.env -- CMD...`.
 
 The network presets give GLOO_SOCKET_IFNAME in NCCL's syntax (`^lo,docker`: any interface but those), which gloo
 does not understand (it takes interface names only, and fails on `^lo`). This turns such a value into the name of
@@ -31,7 +31,7 @@ def resolve(value: str, interfaces: list[str]) -> str | None:
 
 def wrap_for_gloo(argv: list[str], env: dict[str, str], python: str) -> list[str]:
     """argv behind this module when the environment it gets holds a GLOO_SOCKET_IFNAME to resolve on the node."""
-    return [python, "-m", "llmtrain.launch.node_env", "--", *argv] if needs_resolving(env.get(VAR)) else argv
+    return [python, "-m", "llmtrain.launch.node.env", "--", *argv] if needs_resolving(env.get(VAR)) else argv
 
 
 def usable_interfaces() -> list[str]:
@@ -45,7 +45,7 @@ def usable_interfaces() -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] != ["--"] or len(argv) < 2:
-        print("usage: python -m llmtrain.launch.node_env -- CMD...", file=sys.stderr)
+        print("usage: python -m llmtrain.launch.node.env -- CMD...", file=sys.stderr)
         return 2
     value = os.environ.get(VAR)
     if needs_resolving(value):

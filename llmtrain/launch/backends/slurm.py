@@ -24,14 +24,14 @@ import subprocess
 from omegaconf import ListConfig
 
 from llmtrain.config.errors import ConfigError
-from llmtrain.launch.backend import Backend, NodeCommand, node_python, torchrun_argv, worker_env
+from llmtrain.launch.backends.base import Backend, NodeCommand, node_python, torchrun_argv, worker_env
 from llmtrain.launch.container import host_python, in_container, setup_outside, srun_options
-from llmtrain.launch.failures import rank_statuses, report_failure
-from llmtrain.launch.node_env import wrap_for_gloo
-from llmtrain.launch.node_setup import setup_statements
-from llmtrain.launch.sbatch_lines import NOTICE_TRAP, output_path, sbatch_quoted
-from llmtrain.launch.slurm_nodes import partition_cpus
-from llmtrain.launch.slurm_states import (FINAL_STATES, NEVER_STARTS, NODE_COUNT_REASONS, NOT_STARTED_STATES,
+from llmtrain.launch.supervision.failures import rank_statuses, report_failure
+from llmtrain.launch.node.env import wrap_for_gloo
+from llmtrain.launch.node.setup import setup_statements
+from llmtrain.launch.backends.sbatch_lines import NOTICE_TRAP, output_path, sbatch_quoted
+from llmtrain.launch.backends.slurm_nodes import partition_cpus
+from llmtrain.launch.backends.slurm_refusals import (FINAL_STATES, NEVER_STARTS, NODE_COUNT_REASONS, NOT_STARTED_STATES,
                                           REQUEST_KEYS, exit_code, never_starts, parse_fields, refusal_key)
 
 SLURM_TIMEOUT_S = 20
@@ -105,7 +105,7 @@ class SlurmBackend(Backend):
         env["LLMTRAIN_AGENT_WATCH_STDIN"] = "0"  # srun gives tasks no stdin to watch
         lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items())]
         # One job per run directory, however this script was submitted (slurm_job_start.py).
-        lines.append(f"{python} -m llmtrain.launch.slurm_job_start {run_dir}")
+        lines.append(f"{python} -m llmtrain.launch.node.slurm_job_start {run_dir}")
         port = str(c.master_port) if c.master_port else f"$(({PORT_BASE} + SLURM_JOB_ID % {PORT_SPAN}))"
         lines += ['head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)', f"port={port}",
                   'echo "llmtrain: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, rendezvous ${head}:${port} '
@@ -113,9 +113,9 @@ class SlurmBackend(Backend):
                   # Rank statuses tell how this start of the job ended: a requeued job's earlier ones go.
                   f"rm -f {shlex.quote(os.path.join(self.run_dir, 'logs'))}/rank*.status",
                   # Every rank's log in one file with [node/rank] prefixes, while srun runs (combined_log.py).
-                  f"{python} -m llmtrain.launch.combined_log {run_dir} & merger=$!",
+                  f"{python} -m llmtrain.launch.supervision.combined_log {run_dir} & merger=$!",
                   # The time-limit notice, from the job itself (slurm_notice.py).
-                  f'{python} -m llmtrain.launch.slurm_notice "$SLURM_JOB_ID" {c.signal_before_end_s} & notice=$!',
+                  f'{python} -m llmtrain.launch.node.slurm_notice "$SLURM_JOB_ID" {c.signal_before_end_s} & notice=$!',
                   "set +e",
                   # In the background, so that the trap runs when a notice comes (bash runs traps between commands).
                   f"{shlex.join(self._srun_argv())} {self._node_command(env)} & step=$!",
@@ -125,7 +125,7 @@ class SlurmBackend(Backend):
                   "trap '' USR1",
                   # Finished, or cut short by the time limit or a notice: then the job requeues itself
                   # (slurm_job_end.py).
-                  f"exec {python} -m llmtrain.launch.slurm_job_end "
+                  f"exec {python} -m llmtrain.launch.node.slurm_job_end "
                   f"{run_dir} \"$code\" {c.signal_before_end_s} {int(bool(c.requeue))} \"$noticed\""]
         return "\n".join(lines) + "\n"
 
@@ -184,7 +184,7 @@ class SlurmBackend(Backend):
         endpoint, rdzv_id = "--rdzv-endpoint=${head}:${port}", "--rdzv-id=llmtrain-${SLURM_JOB_ID}"
         torchrun = torchrun_argv(cfg, self.run_dir, cfg.cluster.nnodes, None, "${head}:${port}",
                                  "llmtrain-${SLURM_JOB_ID}", self.worker_module)
-        agent = [node_python(cfg), "-m", "llmtrain.launch.node_agent", self.run_dir, "slurm", "--", *torchrun]
+        agent = [node_python(cfg), "-m", "llmtrain.launch.node.agent", self.run_dir, "slurm", "--", *torchrun]
         agent = in_container(cfg, wrap_for_gloo(agent, env, node_python(cfg)), env, self.workdir, self.run_dir)
         return " ".join(f'"{a}"' if a in (endpoint, rdzv_id) else shlex.quote(a) for a in agent)
 

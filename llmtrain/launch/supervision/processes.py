@@ -40,7 +40,7 @@ def tree(pid: int) -> list[psutil.Process]:
         return []
 
 
-WORKER_MODULES = ("llmtrain.worker", "llmtrain.doctor_worker")
+WORKER_MODULES = ("llmtrain.worker", "llmtrain.doctor.rank_probe")
 
 
 def is_worker(p: psutil.Process) -> bool:
@@ -49,7 +49,7 @@ def is_worker(p: psutil.Process) -> bool:
         argv = p.cmdline()
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return False
-    if "torch.distributed.run" in argv or "llmtrain.launch.node_agent" in argv:
+    if "torch.distributed.run" in argv or "llmtrain.launch.node.agent" in argv:
         return False
     return any(argv[i] == "-m" and argv[i + 1] in WORKER_MODULES for i in range(len(argv) - 1))
 
@@ -129,7 +129,7 @@ def job_processes(run_dir: str | None = None) -> list[psutil.Process]:
     except psutil.NoSuchProcess:
         found = {}
     if run_dir:
-        markers = WORKER_MODULES + ("torch.distributed.run", "llmtrain.launch.node_agent")
+        markers = WORKER_MODULES + ("torch.distributed.run", "llmtrain.launch.node.agent")
         for p in psutil.process_iter(["cmdline"]):
             argv = p.info["cmdline"] or []
             if p.pid != me and run_dir in argv and any(m in argv for m in markers):

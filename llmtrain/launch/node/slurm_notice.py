@@ -1,4 +1,4 @@
-"""The time-limit notice, sent by the job itself: `python -m llmtrain.launch.slurm_notice JOB_ID NOTICE_S`, run in
+"""The time-limit notice, sent by the job itself: `python -m llmtrain.launch.node.slurm_notice JOB_ID NOTICE_S`, run in
 the background by the batch script while srun runs.
 
 Slurm's own `--signal=USR1@N` does this for a job's first start, but not for a requeued one: on the two-node test
@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 
-from llmtrain.launch.slurm_job_end import seconds_left
+from llmtrain.launch.node.slurm_job_end import seconds_left
 
 POLL_S = 5.0
 
@@ -22,7 +22,7 @@ POLL_S = 5.0
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 2:
-        print("usage: python -m llmtrain.launch.slurm_notice JOB_ID NOTICE_S", file=sys.stderr)
+        print("usage: python -m llmtrain.launch.node.slurm_notice JOB_ID NOTICE_S", file=sys.stderr)
         return 2
     job_id, notice_s = argv[0], float(argv[1])
     left = seconds_left(job_id)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from rich.console import Console
 from rich.markup import escape
 
-from llmtrain.launch.placement import describe_rank, read_places, read_rank_files
+from llmtrain.launch.supervision.placement import describe_rank, read_places, read_rank_files
 
 # One entry of torchrun's "Failures:" / "Root Cause" summary (time, host and local_rank are optional).
 _FAILURE = re.compile(r"(?:time\s*:\s*(\S+)\s*\n\s*)?(?:host\s*:\s*(\S+)\s*\n\s*)?"

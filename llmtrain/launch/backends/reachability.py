@@ -15,7 +15,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from llmtrain.launch.ssh import ssh_base
+from llmtrain.launch.backends.ssh_options import ssh_base
 
 # ConnectTimeout bounds the TCP connect and the banner; a server that stalls later (authentication, a login shell
 # that hangs) is cut off this much after it.

@@ -6,7 +6,7 @@ closing it stops everything on that host. Every value that reaches the remote sh
 hostnames are validated when the hostfile is read; cluster.setup lines run before the agent (see node_setup).
 
 A node the head node cannot reach (a network partition never closes a connection) is found from both ends: ssh's
-keepalives (SSH_KEEPALIVE) end the launcher's connection to it within seconds, naming it, and the node agent stops
+keepalives (ssh_options.SSH_KEEPALIVE) end the launcher's connection to it within seconds, naming it, and the node agent stops
 that node's processes when the launcher's heartbeat lines stop coming (node_agent.HEARTBEAT_ENV).
 
 The rendezvous port is one per run: cluster.master_port when set; else a free port of the first host when the
@@ -28,39 +28,26 @@ from rich.markup import escape
 
 from llmtrain.config.derived import world_size
 from llmtrain.config.errors import ConfigError
-from llmtrain.launch import processes
-from llmtrain.launch.backend import Backend, NodeCommand, node_python, torchrun_argv, worker_env
+from llmtrain.launch.supervision import processes
+from llmtrain.launch.backends.reachability import check_host
+from llmtrain.launch.backends.ssh_options import ssh_base
+from llmtrain.launch.backends.base import Backend, NodeCommand, node_python, torchrun_argv, worker_env
 from llmtrain.launch.container import in_container, setup_outside
 from llmtrain.launch.hostfile import cluster_hosts
-from llmtrain.launch.failures import SSH_ERROR, agent_failures, culprit_node, finished_ranks, report_failure, tail
-from llmtrain.launch.node_agent import HEARTBEAT_ENV
-from llmtrain.launch.node_env import wrap_for_gloo
-from llmtrain.launch.node_setup import setup_statements
-from llmtrain.launch.placement import node_label
+from llmtrain.launch.supervision.failures import SSH_ERROR, agent_failures, culprit_node, finished_ranks, report_failure, tail
+from llmtrain.launch.node.agent import HEARTBEAT_ENV
+from llmtrain.launch.node.env import wrap_for_gloo
+from llmtrain.launch.node.setup import setup_statements
+from llmtrain.launch.supervision.placement import node_label
 
 # Below Linux's ephemeral range (32768-60999), where outgoing connections take their ports.
 RANDOM_PORTS = (20000, 32767)
 # After the first node fails, how long the others get to fail on their own: their torchrun summaries tell which
 # node's rank died first (the first node to exit is often one whose ranks only lost a peer).
 SETTLE_S = 15.0
-# ssh gives up on a host that answered none of 3 keepalives 5 s apart: a partitioned node is named in ~15 s.
-SSH_KEEPALIVE = ("-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3")
 HEARTBEAT_S = 5
 # How long a fresh connection gets to tell an unreachable host from a lost agent.
 PROBE_TIMEOUT_S = 5
-
-
-def ssh_base(cluster) -> list[str]:
-    argv = ["ssh", "-o", "BatchMode=yes", *SSH_KEEPALIVE]
-    if cluster.ssh_config:
-        argv += ["-F", cluster.ssh_config]
-    if cluster.ssh_port:
-        argv += ["-p", str(cluster.ssh_port)]
-    if cluster.ssh_identity:
-        argv += ["-i", cluster.ssh_identity]
-    if cluster.ssh_user:
-        argv += ["-l", cluster.ssh_user]
-    return argv
 
 
 def remote_command(cmd: NodeCommand, workdir: str, setup=()) -> str:
@@ -141,7 +128,7 @@ class SSHBackend(Backend):
             torchrun = torchrun_argv(self.cfg, self.run_dir, len(self.hosts), rank, f"{head}:{self.port}",
                                      self.rdzv_id, self.worker_module)
             env, python = {**worker_env(self.cfg), HEARTBEAT_ENV: str(HEARTBEAT_S)}, node_python(self.cfg)
-            argv = wrap_for_gloo([python, "-m", "llmtrain.launch.node_agent", self.run_dir, str(rank), "--",
+            argv = wrap_for_gloo([python, "-m", "llmtrain.launch.node.agent", self.run_dir, str(rank), "--",
                                   *torchrun], env, python)
             argv = in_container(self.cfg, argv, env, self.workdir, self.run_dir)
             cmds.append(NodeCommand(host=host.name, node_rank=rank, argv=argv, env=env))
@@ -237,7 +224,6 @@ class SSHBackend(Backend):
     def _lost_why(self, node: int) -> str:
         """Why a node's connection ended (ssh exit 255): a fresh connection tells a host that cannot be reached
         from one that lost its agent (ssh itself often says nothing: LogLevel ERROR hides its keepalive timeout)."""
-        from llmtrain.launch.reachability import check_host
 
         probe = check_host(self.cfg.cluster, self.hosts[node].name, PROBE_TIMEOUT_S)
         if probe.error is None:

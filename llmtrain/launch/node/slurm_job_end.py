@@ -1,4 +1,4 @@
-"""The end of a Slurm job's batch script: `python -m llmtrain.launch.slurm_job_end RUN_DIR SRUN_EXIT NOTICE_S
+"""The end of a Slurm job's batch script: `python -m llmtrain.launch.node.slurm_job_end RUN_DIR SRUN_EXIT NOTICE_S
 REQUEUE [NOTICED]`. It decides whether the run finished, and continues one that a time limit or a preemption notice
 cut short (NOTICED=1: the batch shell got USR1, `--signal=B:USR1@N` or `scancel --batch --signal=USR1`, and passed
 it on to the workers).
@@ -19,8 +19,8 @@ import subprocess
 import sys
 import time
 
-from llmtrain.launch.failures import rank_statuses
-from llmtrain.launch.slurm_states import parse_fields
+from llmtrain.launch.supervision.failures import rank_statuses
+from llmtrain.launch.backends.slurm_refusals import parse_fields
 
 EXIT_UNFINISHED = 3
 # Slack on top of the notice: the save and the exit take a while after the signal.
@@ -86,7 +86,7 @@ def job_end(run_dir: str, srun_exit: int, notice_s: float, may_requeue: bool, jo
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) not in (4, 5):
-        print("usage: python -m llmtrain.launch.slurm_job_end RUN_DIR SRUN_EXIT NOTICE_S REQUEUE [NOTICED]",
+        print("usage: python -m llmtrain.launch.node.slurm_job_end RUN_DIR SRUN_EXIT NOTICE_S REQUEUE [NOTICED]",
               file=sys.stderr)
         return 2
     run_dir, srun_exit, notice_s, may_requeue = argv[0], int(argv[1]), float(argv[2]), argv[3] == "1"

@@ -1,4 +1,4 @@
-"""Runs on each node under ssh or srun: `python -m llmtrain.launch.node_agent RUN_DIR NODE_RANK|slurm -- CMD...`.
+"""Runs on each node under ssh or srun: `python -m llmtrain.launch.node.agent RUN_DIR NODE_RANK|slurm -- CMD...`.
 
 It starts CMD (torchrun) in its own session and ties it to its controller:
 - stdin closing (the launcher died, was stopped, or the ssh connection dropped) stops the whole tree, so no
@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 
-from llmtrain.launch.placement import NODE_INDEX_ENV
+from llmtrain.launch.supervision.placement import NODE_INDEX_ENV
 
 HEARTBEAT_ENV = "LLMTRAIN_AGENT_HEARTBEAT_S"
 HEARTBEAT_MISSES = 6
@@ -54,11 +54,11 @@ def _child_setup() -> None:
 def main(argv: list[str] | None = None) -> int:
     import psutil
 
-    from llmtrain.launch.processes import handles_signal, is_worker
+    from llmtrain.launch.supervision.processes import handles_signal, is_worker
 
     argv = sys.argv[1:] if argv is None else argv
     if "--" not in argv or argv.index("--") != 2:
-        print("usage: python -m llmtrain.launch.node_agent RUN_DIR NODE_RANK -- CMD...", file=sys.stderr)
+        print("usage: python -m llmtrain.launch.node.agent RUN_DIR NODE_RANK -- CMD...", file=sys.stderr)
         return 2
     # A preemption (Slurm's time-limit notice) may come before torchrun's workers exist or can take it: remember
     # it from the first moment and pass it on once they can.

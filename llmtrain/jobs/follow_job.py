@@ -12,7 +12,7 @@ import time
 from llmtrain.closed_stdout import ReaderGone, stdout_reader_gone
 from llmtrain.console import get_console
 from llmtrain.jobs import rundir
-from llmtrain.jobs.state import FAILED, FINISHED, INTERRUPTED, PREEMPTED, STOPPED, UNKNOWN, JobState, job_state
+from llmtrain.jobs.job_state import FAILED, FINISHED, INTERRUPTED, PREEMPTED, STOPPED, UNKNOWN, JobState, job_state
 from llmtrain.jobs.status import facts
 
 EXIT_BY_STATE = {FINISHED: 0, STOPPED: 0, FAILED: 1, INTERRUPTED: 130, PREEMPTED: 143, UNKNOWN: 1}
@@ -51,7 +51,7 @@ class JobWatch:
 
 
 def run_follow(args) -> int:
-    from llmtrain.launch.monitor import Monitor
+    from llmtrain.launch.supervision.monitor import Monitor
 
     run_dir, cfg = rundir.load(args.run_dir)
     console = get_console()

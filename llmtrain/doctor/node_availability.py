@@ -12,8 +12,8 @@ from omegaconf import DictConfig
 from rich.console import Console
 
 from llmtrain.launch.hostfile import parse_hostfile, select_hosts
-from llmtrain.launch.reachability import check_hosts
-from llmtrain.launch.slurm_nodes import parse_sinfo, run_sinfo
+from llmtrain.launch.backends.reachability import check_hosts
+from llmtrain.launch.backends.slurm_nodes import parse_sinfo, run_sinfo
 
 
 def _say(console: Console, text: str) -> None:

@@ -3,7 +3,7 @@ the time and the launch number whenever the run is launched again (or its Slurm 
 
 The per-rank logs stay as they are (each rank writes its own, so no two writers share a file); the combined log is
 written by whoever follows the job: the launcher as it polls (local, ssh), and for Slurm a merger the batch script
-runs next to srun (`python -m llmtrain.launch.combined_log RUN_DIR`, stopped with SIGTERM after a last read).
+runs next to srun (`python -m llmtrain.launch.supervision.combined_log RUN_DIR`, stopped with SIGTERM after a last read).
 Lines from different ranks are in the order they were read, which is their order to within a poll.
 """
 
@@ -18,8 +18,8 @@ import threading
 import time
 
 from llmtrain.jobs.record import read_launches
-from llmtrain.launch.follow import LineFollower
-from llmtrain.launch.placement import read_places
+from llmtrain.launch.supervision.line_follower import LineFollower
+from llmtrain.launch.supervision.placement import read_places
 
 COMBINED_NAME = "combined.log"
 POLL_S = 1.0
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     """The Slurm batch script's merger: poll until SIGTERM, then read what is left and exit."""
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
-        print("usage: python -m llmtrain.launch.combined_log RUN_DIR", file=sys.stderr)
+        print("usage: python -m llmtrain.launch.supervision.combined_log RUN_DIR", file=sys.stderr)
         return 2
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -47,7 +47,7 @@ def say(text: str) -> None:
 
 def _check_ready(plan: SweepPlan) -> None:
     """What this node can tell (tools on PATH, devices, a free port) for every run, before anything is written."""
-    from llmtrain.launch.backend import get_backend
+    from llmtrain.launch.backends.registry import get_backend
 
     for run in plan.runs:
         with naming_the_run(run.name):

@@ -12,7 +12,7 @@ from typing import Callable
 
 from rich.console import Console
 
-from llmtrain.launch import processes
+from llmtrain.launch.supervision import processes
 
 PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 

@@ -1,4 +1,4 @@
-"""The start of a Slurm job's batch script: `python -m llmtrain.launch.slurm_job_start RUN_DIR`.
+"""The start of a Slurm job's batch script: `python -m llmtrain.launch.node.slurm_job_start RUN_DIR`.
 
 One job per run directory, however the job was started: `llmtrain launch` takes RUN_DIR/.lock before it submits,
 but the rendered script (RUN_DIR/slurm/job.sbatch) can be submitted again by hand. So the job itself takes the lock
@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     job_id = os.environ.get("SLURM_JOB_ID")
     if len(argv) != 1 or not job_id:
-        print("usage (in a Slurm job): python -m llmtrain.launch.slurm_job_start RUN_DIR", file=sys.stderr)
+        print("usage (in a Slurm job): python -m llmtrain.launch.node.slurm_job_start RUN_DIR", file=sys.stderr)
         return 2
     try:
         claim_for_job(argv[0], job_id)

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 from llmtrain.jobs.record import read_launches
 from llmtrain.jobs.slurm_query import SlurmJob, query
-from llmtrain.launch.failures import errored_ranks, rank_statuses
-from llmtrain.launch.placement import describe_rank
+from llmtrain.launch.supervision.failures import errored_ranks, rank_statuses
+from llmtrain.launch.supervision.placement import describe_rank
 from llmtrain.launch.run_lock import LOCK_NAME, holder_gone
 
 RUNNING, PENDING, UNKNOWN = "running", "pending", "unknown"

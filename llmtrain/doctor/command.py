@@ -22,12 +22,12 @@ from omegaconf import DictConfig
 from llmtrain.config import to_yaml
 from llmtrain.config.errors import ConfigError
 from llmtrain.console import get_console
-from llmtrain.doctor_preflight import nodes_ready
-from llmtrain.doctor_report import problems, render
-from llmtrain.launch.backend import get_backend
-from llmtrain.launch.monitor import Monitor
+from llmtrain.doctor.node_availability import nodes_ready
+from llmtrain.doctor.findings import problems, render
+from llmtrain.launch.backends.registry import get_backend
+from llmtrain.launch.supervision.monitor import Monitor
 
-WORKER = "llmtrain.doctor_worker"
+WORKER = "llmtrain.doctor.rank_probe"
 EXIT_PROBLEM = 1
 EXIT_INTERRUPTED = 130
 

@@ -10,10 +10,10 @@ import os
 import socket
 
 from llmtrain.config.errors import ConfigError
-from llmtrain.launch import processes
-from llmtrain.launch.backend import Backend, NodeCommand, node_python, torchrun_argv, worker_env
-from llmtrain.launch.failures import report_failure
-from llmtrain.launch.node_env import wrap_for_gloo
+from llmtrain.launch.supervision import processes
+from llmtrain.launch.backends.base import Backend, NodeCommand, node_python, torchrun_argv, worker_env
+from llmtrain.launch.supervision.failures import report_failure
+from llmtrain.launch.node.env import wrap_for_gloo
 from llmtrain.launch.preflight import check_local_node
 
 
@@ -57,7 +57,7 @@ class LocalBackend(Backend):
                              f"{c.master_addr}:{self.port}", rdzv_id=f"llmtrain-{self.port}",
                              worker_module=self.worker_module)
         python, env = node_python(self.cfg), worker_env(self.cfg)
-        agent = [python, "-m", "llmtrain.launch.node_agent", self.run_dir, str(c.node_rank), "--"]
+        agent = [python, "-m", "llmtrain.launch.node.agent", self.run_dir, str(c.node_rank), "--"]
         return [NodeCommand(host="localhost", node_rank=c.node_rank, argv=wrap_for_gloo(agent + argv, env, python),
                             env=env)]
 

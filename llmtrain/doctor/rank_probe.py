@@ -16,7 +16,7 @@ ENV_PREFIXES = ("NCCL_", "GLOO_", "CUDA_VISIBLE_DEVICES", "UCX_", "FI_", "TORCH_
 def interfaces(device) -> list[dict]:
     """The interface and address of each backend this rank's collectives go through: gloo always (CPU
     collectives, checkpoint coordination), NCCL too on CUDA."""
-    from llmtrain.launch.collective_interface import collective_interface
+    from llmtrain.launch.node.collective_interface import collective_interface
 
     master = os.environ.get("MASTER_ADDR", "127.0.0.1")
     found = []
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
 
     from llmtrain.config import load_run_config
-    from llmtrain.doctor_bandwidth import run_sweeps
+    from llmtrain.doctor.all_reduce_sweeps import run_sweeps
     from llmtrain.train.device import resolve_device
     from llmtrain.worker import init_process_group
 

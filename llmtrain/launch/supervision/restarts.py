@@ -16,9 +16,9 @@ import glob
 import os
 import re
 
-from llmtrain.launch.failures import rank_statuses, storage_error
-from llmtrain.launch.follow import LineFollower
-from llmtrain.launch.placement import rank_label, read_places
+from llmtrain.launch.supervision.failures import rank_statuses, storage_error
+from llmtrain.launch.supervision.line_follower import LineFollower
+from llmtrain.launch.supervision.placement import rank_label, read_places
 
 _FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+)")
 

@@ -18,10 +18,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from llmtrain.console import get_console
-from llmtrain.launch import processes
-from llmtrain.launch.combined_log import CombinedLog
-from llmtrain.launch.follow import LineFollower
-from llmtrain.launch.restarts import RestartNotices
+from llmtrain.launch.supervision import processes
+from llmtrain.launch.supervision.combined_log import CombinedLog
+from llmtrain.launch.supervision.line_follower import LineFollower
+from llmtrain.launch.supervision.restarts import RestartNotices
 
 # Seconds without a worker before the launcher says it is still waiting for the rendezvous.
 RENDEZVOUS_NOTICE_S = 30.0

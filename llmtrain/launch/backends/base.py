@@ -11,7 +11,6 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from llmtrain.config.errors import ConfigError
 
 
 @dataclass
@@ -127,19 +126,8 @@ def worker_env(cfg: DictConfig) -> dict[str, str]:
     # Restarted workers otherwise reuse the agent's stale TCPStore and fail to connect (pytorch issue 135712).
     env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     # Workers import llmtrain from the same place as the launcher, also from a source checkout.
-    package_root = str(Path(__file__).resolve().parents[2])
+    package_root = str(Path(__file__).resolve().parents[3])
     current = os.environ.get("PYTHONPATH", "")
     env.setdefault("PYTHONPATH", package_root + (os.pathsep + current if current else ""))
     return env
 
-
-def get_backend(cfg: DictConfig, run_dir: str, worker_module: str = "llmtrain.worker") -> Backend:
-    from llmtrain.launch.local import LocalBackend
-    from llmtrain.launch.slurm import SlurmBackend
-    from llmtrain.launch.ssh import SSHBackend
-
-    backends = {"local": LocalBackend, "ssh": SSHBackend, "slurm": SlurmBackend}
-    if cfg.cluster.name not in backends:
-        raise ConfigError("cluster.name", f"unknown cluster backend '{cfg.cluster.name}' "
-                                          f"(available: {', '.join(backends)})")
-    return backends[cfg.cluster.name](cfg, run_dir, worker_module)

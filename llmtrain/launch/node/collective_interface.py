@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import socket
 
-from llmtrain.launch.node_env import resolve
+from llmtrain.launch.node.env import resolve
 
 
 def interface_addresses() -> dict[str, list[str]]:
