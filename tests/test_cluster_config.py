@@ -20,6 +20,7 @@ from llmtrain.launch.backends import slurm
 from llmtrain.launch.backends import ssh
 from llmtrain.launch.hostfile import cluster_hosts
 from llmtrain.launch.backends.slurm import SlurmBackend
+from llmtrain.slurm.show_output import parse_text
 from llmtrain.launch.backends.ssh import SSHBackend
 
 JOB = """JobId=123 JobName=llmtrain-gpt-tiny
@@ -406,9 +407,9 @@ def test_ambiguous_sbatch_refusal_names_what_was_asked(tmp_path, fake, stderr):
     ("QOSMaxJobsPerUserLimit", "2-2", partition(), None),
 ])
 def test_pending_reason_classifier(reason, nnodes, part, why):
-    fields = slurm.parse_fields(job(reason=reason, nnodes=nnodes))
+    fields = parse_text(job(reason=reason, nnodes=nnodes))
     assert fields["JobState"] == "PENDING" and fields["AllocNode:Sid"] == "head:1234"
-    said = slurm.never_starts(fields, slurm.parse_fields(part) if part else None)
+    said = slurm.never_starts(fields, parse_text(part) if part else None)
     if why is None:
         assert said is None
     else:

@@ -227,7 +227,7 @@ def slurm_run(tmp_path, monkeypatch):
     run_dir = make_run(tmp_path, "cluster=slurm", "cluster.nproc_per_node=1", "device=cpu", lock=lock,
                        launches=[launch_entry(backend="slurm", job_id="4242")])
     fake = FakeSlurm(run_dir)
-    monkeypatch.setattr("llmtrain.jobs.slurm_query.subprocess.run", fake)
+    monkeypatch.setattr("llmtrain.slurm.client.subprocess.run", fake)
     return run_dir, fake
 
 

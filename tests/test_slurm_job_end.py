@@ -4,11 +4,13 @@ finished does not, and one that cannot be requeued fails saying it is unfinished
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 
 import pytest
 
 from llmtrain.launch.node import slurm_job_end
+from llmtrain.slurm import client
 
 
 def _statuses(run_dir, status, step=40, saved=True):
@@ -69,7 +71,11 @@ def test_the_job_sends_its_own_time_limit_notice_before_the_end(tmp_path, monkey
 
     sent = []
     monkeypatch.setattr(slurm_notice, "seconds_left", lambda job: 1.5)
-    monkeypatch.setattr(slurm_notice.subprocess, "run", lambda argv, **kw: sent.append((argv, time.monotonic())))
+    def scancel(argv, **kw):
+        sent.append((argv, time.monotonic()))
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    monkeypatch.setattr(client.subprocess, "run", scancel)
     start = time.monotonic()
     assert slurm_notice.main(["77", "1"]) == 0
     (argv, when), = sent

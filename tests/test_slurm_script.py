@@ -208,7 +208,7 @@ def test_status_of_a_requeued_job_while_its_launcher_follows_it(tmp_path, monkey
                "   Requeue=1 Restarts=1 BatchFlag=1 Reboot=0 ExitCode=0:0\n   NodeList=(null)\n")
         return subprocess.CompletedProcess(argv, 0, out, "")
 
-    monkeypatch.setattr("llmtrain.jobs.slurm_query.subprocess.run", scontrol)
+    monkeypatch.setattr("llmtrain.slurm.client.subprocess.run", scontrol)
     try:
         assert main(["status", str(run_dir)]) == 0
     finally:

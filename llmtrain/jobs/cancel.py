@@ -18,7 +18,7 @@ import socket
 import time
 
 from llmtrain.jobs import rundir
-from llmtrain.jobs.slurm_query import scancel
+from llmtrain.slurm.client import cancel as scancel
 from llmtrain.jobs.job_state import LAUNCHER_OWNED, UNKNOWN, JobState, describe_launcher, job_state
 from llmtrain.launch.supervision.line_follower import LineFollower
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
 import time
 import uuid
 
@@ -20,10 +19,10 @@ import psutil
 
 from llmtrain.config.errors import ConfigError
 from llmtrain.launch.supervision import processes
-from llmtrain.launch.backends.slurm_refusals import FINAL_STATES, parse_fields
+from llmtrain.slurm import client
+from llmtrain.slurm.job_states import ENDED_STATES
 
 LOCK_NAME = ".lock"
-SLURM_ENDED = FINAL_STATES | {"UNKNOWN"}  # UNKNOWN: the job has left the controller
 
 
 def _process_started(pid: int) -> float | None:
@@ -35,11 +34,8 @@ def _process_started(pid: int) -> float | None:
 
 def slurm_job_state(job_id: str) -> str | None:
     """The job's state, "UNKNOWN" once it has left the controller, None when scontrol is not here to ask."""
-    try:
-        out = subprocess.run(["scontrol", "show", "job", str(job_id)], capture_output=True, text=True, timeout=30)
-    except (FileNotFoundError, subprocess.TimeoutExpired):
-        return None
-    return parse_fields(out.stdout).get("JobState", "UNKNOWN")
+    answer = client.show_job(str(job_id), timeout=30)
+    return None if answer is None else answer.fields.get("JobState", "UNKNOWN")
 
 
 def describe(holder: dict) -> str:
@@ -52,7 +48,7 @@ def holder_gone(holder: dict) -> str | None:
     """Why the holder is gone (so its lock is stale), or None while it may still be running."""
     if holder.get("job"):
         state = slurm_job_state(holder["job"])
-        return f"its job ended ({state})" if state in SLURM_ENDED else None
+        return f"its job ended ({state})" if state in ENDED_STATES else None
     if holder.get("host") != socket.gethostname():
         return None  # another host's process cannot be checked from here
     started = _process_started(int(holder.get("pid", -1)))

@@ -12,7 +12,8 @@ so a second submission of the same script refuses to run beside the first.
 
 A submitted job belongs to Slurm: the launcher only submits it, and with cluster.follow follows it. Ctrl-C stops
 following and leaves the job running; a job Slurm will never start (NEVER_STARTS) is cancelled with its reason.
-Every scontrol/scancel call has a timeout: a slow controller delays the follower, it never hangs it.
+Every Slurm command goes through llmtrain.slurm.client, with a timeout: a slow controller delays the follower,
+it never hangs it.
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ from llmtrain.launch.node.env import wrap_for_gloo
 from llmtrain.launch.node.setup import setup_statements
 from llmtrain.launch.backends.sbatch_lines import NOTICE_TRAP, output_path, sbatch_quoted
 from llmtrain.launch.backends.slurm_nodes import partition_cpus
-from llmtrain.launch.backends.slurm_refusals import (FINAL_STATES, NEVER_STARTS, NODE_COUNT_REASONS, NOT_STARTED_STATES,
-                                          REQUEST_KEYS, exit_code, never_starts, parse_fields, refusal_key)
+from llmtrain.launch.backends.slurm_refusals import NEVER_STARTS, NODE_COUNT_REASONS, REQUEST_KEYS, never_starts, refusal_key
+from llmtrain.slurm import client
+from llmtrain.slurm.job_states import ENDED_STATES, FINAL_STATES, NOT_STARTED_STATES, exit_code
 
 SLURM_TIMEOUT_S = 20
 SBATCH_TIMEOUT_S = 60
@@ -42,19 +44,6 @@ EXIT_DETACHED = 0  # Ctrl-C: the launcher stopped following and the job runs on,
 EXIT_NEVER_STARTS = 1
 EXIT_INTERRUPTED = 130
 EXIT_UNFINISHED = 143  # stopped on a signal with a checkpoint, like a preempted local launch
-
-
-def _slurm(*argv: str, timeout: float = SLURM_TIMEOUT_S) -> subprocess.CompletedProcess | None:
-    """Run a Slurm command; None when it is missing or did not answer in time."""
-    try:
-        return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-
-
-def _last_line(out: subprocess.CompletedProcess) -> str:
-    lines = (out.stderr or out.stdout or "").strip().splitlines()
-    return lines[-1].strip() if lines else f"exit code {out.returncode}"
 
 
 def _show(value) -> str:
@@ -223,7 +212,7 @@ class SlurmBackend(Backend):
         if job is None:  # scontrol did not answer: the job may well run on
             return self.job_id
         state = job.get("JobState", "UNKNOWN")
-        return None if state in FINAL_STATES or state == "UNKNOWN" else self.job_id
+        return None if state in ENDED_STATES else self.job_id
 
     def preview(self) -> str:
         cpus, why = self.cpus_per_task()
@@ -245,8 +234,7 @@ class SlurmBackend(Backend):
             f.write(self.script())
         os.replace(tmp, path)
         try:
-            out = subprocess.run(["sbatch", "--parsable", path], capture_output=True, text=True,
-                                 timeout=SBATCH_TIMEOUT_S)
+            out = client.submit(path, SBATCH_TIMEOUT_S)
         except FileNotFoundError:
             raise ConfigError("cluster.name", "cluster=slurm but sbatch is not on PATH on this node") from None
         except subprocess.TimeoutExpired:
@@ -322,18 +310,15 @@ class SlurmBackend(Backend):
 
     def job_info(self) -> dict[str, str] | None:
         """scontrol's fields for the job; {} once it has left the controller; None when scontrol did not answer."""
-        out = _slurm("scontrol", "show", "job", str(self.job_id))
-        if out is None:
+        answer = client.show_job(str(self.job_id), SLURM_TIMEOUT_S)
+        if answer is None:
             return None
-        fields = parse_fields(out.stdout)
-        if "JobState" in fields:
-            return fields
-        return {} if "invalid job id" in (out.stderr + out.stdout).lower() else None
+        if "JobState" in answer.fields:
+            return answer.fields
+        return {} if answer.unknown else None
 
     def partition_info(self, name: str | None) -> dict[str, str] | None:
-        out = _slurm("scontrol", "show", "partition", name) if name else None
-        fields = parse_fields(out.stdout) if out is not None and out.returncode == 0 else {}
-        return fields if "PartitionName" in fields else None
+        return client.show_partition(name, SLURM_TIMEOUT_S) if name else None
 
     def follow(self, monitor, timeout_s: float | None = None) -> int | None:
         seen = _Seen()
@@ -348,7 +333,7 @@ class SlurmBackend(Backend):
         if state == "PENDING":
             return self._stop_if_never_starts(job)
         self._say_requeued(job, seen)
-        if state in FINAL_STATES or state == "UNKNOWN":
+        if state in ENDED_STATES:
             self.finished_job = True
             return self._final_code(state, job)
         return None
@@ -389,8 +374,7 @@ class SlurmBackend(Backend):
         self._say(f"job {self.job_id} {state}{detail}")
 
     def _first_node(self, nodelist: str | None) -> str:
-        out = _slurm("scontrol", "show", "hostnames", nodelist) if nodelist else None
-        names = out.stdout.split() if out is not None and out.returncode == 0 else []
+        names = client.hostnames(nodelist, SLURM_TIMEOUT_S) if nodelist else None
         return names[0] if names else "the job's first node"
 
     def _stop_if_never_starts(self, job: dict[str, str]) -> int | None:
@@ -408,10 +392,7 @@ class SlurmBackend(Backend):
 
     def cancel(self) -> str | None:
         """scancel the job; None when that worked, else why not."""
-        out = _slurm("scancel", str(self.job_id))
-        if out is None:
-            return f"scancel did not answer within {SLURM_TIMEOUT_S} s"
-        return None if out.returncode == 0 else _last_line(out)
+        return client.cancel(str(self.job_id), timeout=SLURM_TIMEOUT_S)
 
     def signal_workers(self, sig: int) -> int:
         """Ask the job's workers to checkpoint and stop. A job that has not started has none: it is cancelled,
@@ -429,8 +410,7 @@ class SlurmBackend(Backend):
             return 0
         # The job's steps only: a USR1 to the batch shell is a preemption notice, after which the job requeues
         # itself; a cancel is a stop.
-        out = _slurm("scancel", "--signal=USR1", str(self.job_id))
-        return 1 if out is not None and out.returncode == 0 else 0
+        return 1 if client.cancel("--signal=USR1", str(self.job_id), timeout=SLURM_TIMEOUT_S) is None else 0
 
     def stop(self) -> None:
         """A submitted job belongs to Slurm: stopping the launcher only stops following it (scancel ends it)."""

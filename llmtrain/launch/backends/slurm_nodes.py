@@ -9,8 +9,9 @@ not responding and its state is one a job can be scheduled on, now or once the j
 from __future__ import annotations
 
 import re
-import subprocess
 from dataclasses import dataclass
+
+from llmtrain.slurm import client
 
 SINFO_FORMAT = "%N|%T|%P|%E"
 CPUS_FORMAT = "%P|%c"  # partition, CPUs per node (one line per partition and node configuration)
@@ -64,17 +65,7 @@ def parse_sinfo(text: str, partition: str | None) -> tuple[str | None, list[Node
 
 def run_sinfo(partition: str | None) -> tuple[str | None, str | None]:
     """(sinfo's output, None), or (None, why it gave none)."""
-    argv = ["sinfo", "-h", "-N", "-o", SINFO_FORMAT] + (["-p", partition] if partition else [])
-    try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=SINFO_TIMEOUT_S)
-    except FileNotFoundError:
-        return None, "sinfo is not on PATH"
-    except subprocess.TimeoutExpired:
-        return None, f"sinfo did not answer within {SINFO_TIMEOUT_S} s"
-    if out.returncode != 0:
-        said = (out.stderr or out.stdout).strip().splitlines()
-        return None, f"sinfo failed: {said[-1] if said else f'exit code {out.returncode}'}"
-    return out.stdout, None
+    return client.sinfo(["-h", "-N", "-o", SINFO_FORMAT] + (["-p", partition] if partition else []), SINFO_TIMEOUT_S)
 
 
 def parse_cpus(text: str, partition: str | None) -> int | None:
@@ -91,9 +82,5 @@ def parse_cpus(text: str, partition: str | None) -> int | None:
 
 def partition_cpus(partition: str | None) -> int | None:
     """CPUs per node of the partition, as sinfo tells it (parse_cpus); None when sinfo cannot say."""
-    argv = ["sinfo", "-h", "-o", CPUS_FORMAT] + (["-p", partition] if partition else [])
-    try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=SINFO_TIMEOUT_S)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return parse_cpus(out.stdout, partition) if out.returncode == 0 else None
+    text, _ = client.sinfo(["-h", "-o", CPUS_FORMAT] + (["-p", partition] if partition else []), SINFO_TIMEOUT_S)
+    return None if text is None else parse_cpus(text, partition)

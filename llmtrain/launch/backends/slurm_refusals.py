@@ -1,15 +1,10 @@
-"""What Slurm's answers mean for a job: its states, the pending reasons after which it can never start (each with
-the config key behind it), sbatch's refusals, and scontrol's `Key=Value` output. No subprocess here: slurm.py asks,
+"""What Slurm's refusals mean for a launch: the pending reasons after which a job can never start and sbatch's
+refusals, each with the config key behind it. No subprocess here: slurm.py asks (through llmtrain.slurm.client),
 this module reads the answers."""
 
 from __future__ import annotations
 
 import re
-
-FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
-                "DEADLINE", "PREEMPTED"}
-# Allocated or waiting, with no process started yet: nothing there can checkpoint.
-NOT_STARTED_STATES = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD"}
 
 # Pending reasons after which the job cannot start until someone changes it or the cluster's configuration, each
 # with the config key behind it. Kept conservative: reasons that can clear by themselves (Resources, Priority,
@@ -56,23 +51,6 @@ def refusal_key(stderr: str) -> str | None:
     """The config key behind an sbatch refusal; None when its message names none (it is not about the request)."""
     text = stderr.lower()
     return next((key for pattern, key in SBATCH_REFUSALS if re.search(pattern, text)), None)
-
-
-def parse_fields(text: str) -> dict[str, str]:
-    """`Key=Value` pairs of scontrol's output (the first of each key)."""
-    fields: dict[str, str] = {}
-    for key, value in re.findall(r"(?:^|\s)([A-Za-z][\w:/]*)=(\S*)", text):
-        fields.setdefault(key, value)
-    return fields
-
-
-def exit_code(job: dict[str, str]) -> int | None:
-    """ExitCode=code:signal as a shell's $? (a signal is 128 + its number)."""
-    match = re.fullmatch(r"(\d+):(\d+)", job.get("ExitCode", ""))
-    if not match:
-        return None
-    code, sig = int(match.group(1)), int(match.group(2))
-    return code or (128 + sig if sig else 0)
 
 
 def _int(value: str | None) -> int | None:

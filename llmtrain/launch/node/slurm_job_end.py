@@ -15,12 +15,11 @@ limit (`llmtrain cancel`, a preempting launcher) is a stop the user asked for: n
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
 
 from llmtrain.launch.supervision.failures import rank_statuses
-from llmtrain.launch.backends.slurm_refusals import parse_fields
+from llmtrain.slurm import client
 
 EXIT_UNFINISHED = 3
 # Slack on top of the notice: the save and the exit take a while after the signal.
@@ -29,13 +28,11 @@ NEAR_LIMIT_SLACK_S = 120
 
 def seconds_left(job_id: str) -> float | None:
     """Seconds until the job's time limit, or None when it has none (or scontrol cannot tell)."""
-    try:
-        out = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.TimeoutExpired):
+    answer = client.show_job(job_id, timeout=30)
+    if answer is None:
         return None
-    fields = parse_fields(out)
     try:
-        end = time.mktime(time.strptime(fields.get("EndTime", ""), "%Y-%m-%dT%H:%M:%S"))
+        end = time.mktime(time.strptime(answer.fields.get("EndTime", ""), "%Y-%m-%dT%H:%M:%S"))
     except ValueError:
         return None  # EndTime=Unknown: no time limit
     return end - time.time()
@@ -43,11 +40,7 @@ def seconds_left(job_id: str) -> float | None:
 
 def requeue(job_id: str) -> str | None:
     """Requeue the job; None when Slurm took it, else why not."""
-    try:
-        out = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return str(e)
-    return None if out.returncode == 0 else (out.stderr or out.stdout).strip() or f"exit code {out.returncode}"
+    return client.requeue(job_id, timeout=60)
 
 
 def say(message: str) -> None:
