@@ -5,6 +5,7 @@ from __future__ import annotations
 import abc
 import os
 import shlex
+import socket
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -131,3 +132,10 @@ def worker_env(cfg: DictConfig) -> dict[str, str]:
     env.setdefault("PYTHONPATH", package_root + (os.pathsep + current if current else ""))
     return env
 
+
+def free_port(address: str = "127.0.0.1") -> int:
+    """A port free on this host now, for a rendezvous: on loopback, or on every interface ("") when other nodes
+    connect to it."""
+    with socket.socket() as s:
+        s.bind((address, 0))
+        return s.getsockname()[1]

@@ -11,16 +11,10 @@ import socket
 
 from llmtrain.config.errors import ConfigError
 from llmtrain.launch.supervision import processes
-from llmtrain.launch.backends.base import Backend, NodeCommand, node_python, torchrun_argv, worker_env
+from llmtrain.launch.backends.base import Backend, NodeCommand, free_port, node_python, torchrun_argv, worker_env
 from llmtrain.launch.supervision.failures import report_failure
 from llmtrain.launch.node.env import wrap_for_gloo
 from llmtrain.launch.preflight import check_local_node
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class LocalBackend(Backend):

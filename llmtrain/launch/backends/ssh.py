@@ -31,7 +31,7 @@ from llmtrain.config.errors import ConfigError
 from llmtrain.launch.supervision import processes
 from llmtrain.launch.backends.reachability import check_host
 from llmtrain.launch.backends.ssh_options import ssh_base
-from llmtrain.launch.backends.base import Backend, NodeCommand, node_python, torchrun_argv, worker_env
+from llmtrain.launch.backends.base import Backend, NodeCommand, free_port, node_python, torchrun_argv, worker_env
 from llmtrain.launch.container import in_container, setup_outside
 from llmtrain.launch.hostfile import cluster_hosts
 from llmtrain.launch.supervision.failures import SSH_ERROR, agent_failures, culprit_node, finished_ranks, report_failure, tail
@@ -81,18 +81,12 @@ def is_this_host(name: str) -> bool:
     return any(_bindable(a) for a in addresses)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
-
-
 def rendezvous_port(cluster, head: str) -> tuple[int, str]:
     """The rendezvous port on `head` and where it comes from (said when the job starts)."""
     if cluster.master_port:
         return cluster.master_port, "cluster.master_port"
     if is_this_host(head):
-        return free_port(), "a free port of this host"
+        return free_port(""), "a free port of this host"
     return random.randint(*RANDOM_PORTS), (f"a random port: {head} is not this host, so whether it is free cannot "
                                            "be checked from here; cluster.master_port=N chooses one")
 

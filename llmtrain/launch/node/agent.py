@@ -54,6 +54,7 @@ def _child_setup() -> None:
 def main(argv: list[str] | None = None) -> int:
     import psutil
 
+    from llmtrain.launch.supervision import processes
     from llmtrain.launch.supervision.processes import handles_signal, is_worker
 
     argv = sys.argv[1:] if argv is None else argv
@@ -99,24 +100,9 @@ def main(argv: list[str] | None = None) -> int:
         pending.clear()
 
     def stop_tree() -> None:
-        if stopping.is_set():
-            return
-        stopping.set()
-        try:
-            procs = [psutil.Process(child.pid)] + psutil.Process(child.pid).children(recursive=True)
-        except psutil.NoSuchProcess:
-            return
-        for p in procs:
-            try:
-                p.terminate()
-            except psutil.NoSuchProcess:
-                pass
-        _, alive = psutil.wait_procs(procs, timeout=10)
-        for p in alive:
-            try:
-                p.kill()
-            except psutil.NoSuchProcess:
-                pass
+        if not stopping.is_set():
+            stopping.set()
+            processes.stop_tree(child, grace_s=10.0)  # torchrun has a session of its own: its group goes too
 
     heartbeat_s = float(os.environ.get(HEARTBEAT_ENV) or 0)
     last_word = [time.monotonic()]
