@@ -85,7 +85,7 @@ def test_ssh_node_failure_stops_every_node(cluster, hostfile, tmp_path):  # noqa
     proc = start_long_run(run_dir, cluster, *ssh_args(cluster, hostfile))
     try:
         assert wait_for(lambda: read_rows(run_dir), timeout=180), "training never started"
-        # The worker under node 1's agent (argv: ... node_agent RUN_DIR 1 -- torchrun ...) runs on node2.
+        # The worker under node 1's agent (argv: ... node.agent RUN_DIR 1 -- torchrun ...) runs on node2.
         agents = [p for p in node_processes(run_dir) if "llmtrain.launch.node.agent" in p.cmdline()
                   and p.cmdline()[p.cmdline().index("llmtrain.launch.node.agent") + 2] == "1"]
         assert len(agents) == 1
@@ -103,7 +103,7 @@ def test_ssh_node_failure_stops_every_node(cluster, hostfile, tmp_path):  # noqa
 
 
 def _agent(run_dir, node: int) -> psutil.Process:
-    """The node agent of `node` (argv: ... node_agent RUN_DIR NODE -- torchrun ...)."""
+    """The node agent of `node` (argv: ... node.agent RUN_DIR NODE -- torchrun ...)."""
     agents = [p for p in node_processes(run_dir) if "llmtrain.launch.node.agent" in p.cmdline()
               and p.cmdline()[p.cmdline().index("llmtrain.launch.node.agent") + 2] == str(node)]
     assert len(agents) == 1, agents

@@ -1,7 +1,7 @@
 """`llmtrain doctor [OVERRIDES]`: a preflight on every node of the configured cluster before a long job.
 
 In order: the tools this node needs (ssh, sbatch); whether every node can be used (ssh: each host answers;
-Slurm: enough nodes of the partition are up, see doctor_preflight), before any job starts; then a short job
+Slurm: enough nodes of the partition are up, see node_availability), before any job starts; then a short job
 through the same backend as `launch` (the same hosts, environment and rendezvous) that reports versions (Python,
 torch, CUDA, NCCL) and whether they agree, accelerators per rank, the interface and address each node's
 collectives use, and all-reduce bus bandwidth within nodes, across nodes and over all ranks. Exits 1 on a problem.

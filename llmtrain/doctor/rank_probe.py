@@ -1,6 +1,6 @@
 """What `llmtrain doctor` runs on every rank (through the same backend as training): collect this rank's
 versions, devices, network environment and the interface its collectives use, then time all-reduces within each
-node, across nodes and over all ranks (doctor_bandwidth). Rank 0 writes DOCTOR_DIR/report.json."""
+node, across nodes and over all ranks (all_reduce_sweeps). Rank 0 writes DOCTOR_DIR/report.json."""
 
 from __future__ import annotations
 

@@ -1,13 +1,13 @@
 """cluster=ssh: torchrun on every host of a hostfile, started in parallel over ssh from the head node.
 
-Each host runs `node_agent -- torchrun ...` in the same working directory and Python (shared filesystem), with
+Each host runs `node.agent -- torchrun ...` in the same working directory and Python (shared filesystem), with
 the network/env variables exported explicitly. The ssh connection's stdin ties the remote tree to the launcher:
 closing it stops everything on that host. Every value that reaches the remote shell goes through shlex.quote, and
-hostnames are validated when the hostfile is read; cluster.setup lines run before the agent (see node_setup).
+hostnames are validated when the hostfile is read; cluster.setup lines run before the agent (see node/setup.py).
 
 A node the head node cannot reach (a network partition never closes a connection) is found from both ends: ssh's
 keepalives (ssh_options.SSH_KEEPALIVE) end the launcher's connection to it within seconds, naming it, and the node agent stops
-that node's processes when the launcher's heartbeat lines stop coming (node_agent.HEARTBEAT_ENV).
+that node's processes when the launcher's heartbeat lines stop coming (node.agent.HEARTBEAT_ENV).
 
 The rendezvous port is one per run: cluster.master_port when set; else a free port of the first host when the
 launcher runs there (checked by binding it); else one drawn at random from RANDOM_PORTS, said in the start line,
@@ -52,7 +52,7 @@ PROBE_TIMEOUT_S = 5
 
 def remote_command(cmd: NodeCommand, workdir: str, setup=()) -> str:
     """One shell string: cd, the cluster.setup lines, then exec env VAR=value... argv. Every piece is quoted but the
-    set-up lines, which are shell code on purpose, each run on its own (node_setup)."""
+    set-up lines, which are shell code on purpose, each run on its own (node/setup.py)."""
     exports = [f"{k}={v}" for k, v in sorted(cmd.env.items())]
     run = f"exec env {shlex.join(exports)} {shlex.join(cmd.argv)}"
     if not setup:

@@ -1,6 +1,6 @@
 """Which network interface, and which IPv4 address, this node's collectives use (run on the node itself).
 
-With GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME set, the interface they name: gloo takes names (node_env has already
+With GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME set, the interface they name: gloo takes names (node/env.py has already
 turned NCCL's syntax into one), NCCL also takes prefixes (`eth` is any eth*), `=name` (exactly) and `^a,b` (any but
 those). Unset, the interface of the route to the master address: the way this node reaches node 0.
 """
