@@ -6,8 +6,8 @@ closing it stops everything on that host. Every value that reaches the remote sh
 hostnames are validated when the hostfile is read; cluster.setup lines run before the agent (see node/setup.py).
 
 A node the head node cannot reach (a network partition never closes a connection) is found from both ends: ssh's
-keepalives (ssh_options.SSH_KEEPALIVE) end the launcher's connection to it within seconds, naming it, and the node agent stops
-that node's processes when the launcher's heartbeat lines stop coming (node.agent.HEARTBEAT_ENV).
+keepalives (ssh_options.SSH_KEEPALIVE) end the launcher's connection to it within seconds, naming it, and the node
+agent stops that node's processes when the launcher's heartbeat lines stop coming (node.agent.HEARTBEAT_ENV).
 
 The rendezvous port is one per run: cluster.master_port when set; else a free port of the first host when the
 launcher runs there (checked by binding it); else one drawn at random from RANDOM_PORTS, said in the start line,
