@@ -32,7 +32,8 @@ from llmtrain.launch.node.env import wrap_for_gloo
 from llmtrain.launch.node.setup import setup_statements
 from llmtrain.launch.backends.sbatch_lines import NOTICE_TRAP, output_path, sbatch_quoted
 from llmtrain.launch.backends.slurm_nodes import partition_cpus
-from llmtrain.launch.backends.slurm_refusals import NEVER_STARTS, NODE_COUNT_REASONS, REQUEST_KEYS, never_starts, refusal_key
+from llmtrain.launch.backends.slurm_refusals import (NEVER_STARTS, NODE_COUNT_REASONS, REQUEST_KEYS, never_starts,
+                                                     refusal_key)
 from llmtrain.slurm import client
 from llmtrain.slurm.job_states import ENDED_STATES, FINAL_STATES, NOT_STARTED_STATES, exit_code
 

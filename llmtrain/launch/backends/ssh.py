@@ -34,7 +34,8 @@ from llmtrain.launch.backends.ssh_options import ssh_base
 from llmtrain.launch.backends.base import Backend, NodeCommand, free_port, node_python, torchrun_argv, worker_env
 from llmtrain.launch.container import in_container, setup_outside
 from llmtrain.launch.hostfile import cluster_hosts
-from llmtrain.launch.supervision.failures import SSH_ERROR, agent_failures, culprit_node, finished_ranks, report_failure, tail
+from llmtrain.launch.supervision.failures import (SSH_ERROR, agent_failures, culprit_node, finished_ranks,
+                                                  report_failure, tail)
 from llmtrain.launch.node.agent import HEARTBEAT_ENV
 from llmtrain.launch.node.env import wrap_for_gloo
 from llmtrain.launch.node.setup import setup_statements
