@@ -21,7 +21,7 @@ from torch import nn
 from llmtrain.cli import main
 from llmtrain.config import ConfigError, compose_config, validate
 from llmtrain.model import GPT, GPTArgs, init_parameters
-from llmtrain.plan import hardware
+from llmtrain.hardware import profiles as hardware
 
 NEEDS = ("precision: fp8 needs float8 tensor cores (an NVIDIA GPU of compute capability 8.9 or newer: Ada, Hopper, "
          "Blackwell; or an AMD MI300X), and ")

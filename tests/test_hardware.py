@@ -9,9 +9,10 @@ import pytest
 from conftest import REPO, run_cli
 
 from llmtrain.config import ConfigError, compose_config, validate
-from llmtrain.plan import hardware
-from llmtrain.plan.cli import load_profile, plan_for
-from llmtrain.plan.gpu_names import GPU_PROFILES, profile_for
+from llmtrain.hardware import profiles as hardware
+from llmtrain.hardware.profiles import load_profile
+from llmtrain.plan.cli import plan_for
+from llmtrain.hardware.gpu_names import GPU_PROFILES, profile_for
 
 PROFILE_DIR = REPO / "configs" / "hardware"
 GPU_PROFILE_NAMES = sorted(p.stem for p in PROFILE_DIR.glob("*.yaml") if p.stem not in ("auto", "cpu"))

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from llmtrain.config.derived import ffn_dim, head_dim, kv_heads
 from llmtrain.config.errors import ConfigError
-from llmtrain.plan.hardware import parse_capability
+from llmtrain.hardware.profiles import parse_capability
 
 FP8_MIN_CAPABILITY = (8, 9)  # float8 tensor cores: Ada (8.9), Hopper (9.0), Blackwell (10.0)
 FP8_MULTIPLE = 16  # torch._scaled_mm takes only matrix dimensions that are multiples of 16
@@ -55,7 +55,7 @@ def configured_device_problem(cfg) -> str | None:
 def node_device_problem(device_setting: str, device_type: str | None = None) -> str | None:
     """Why this node's device cannot run fp8: `device_type` is the worker's resolved device ("cpu", "cuda"); None
     means what device=auto would find here."""
-    from llmtrain.plan.hardware import device_capability, device_name
+    from llmtrain.hardware.profiles import device_capability, device_name
 
     name = device_name(device_type)
     if name is None:

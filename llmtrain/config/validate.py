@@ -316,7 +316,7 @@ def _validate_data(cfg: DictConfig) -> None:
 def _validate_hardware(cfg: DictConfig) -> None:
     """The peak table's keys and values, the compute capability's form, and for a named GPU profile the compute
     dtype (hardware=auto checks it in the worker, once the GPU is known)."""
-    from llmtrain.plan.hardware import PEAK_DTYPES, check_dtype, parse_capability
+    from llmtrain.hardware.profiles import PEAK_DTYPES, check_dtype, parse_capability
 
     hw = cfg.hardware
     for dtype, tflops in hw.peak_tflops.items():

@@ -8,7 +8,7 @@ import functools
 import time
 
 from llmtrain.config.errors import ConfigError
-from llmtrain.plan.gpu_names import profile_for
+from llmtrain.hardware.gpu_names import profile_for
 
 # Keys of hardware.peak_tflops: the precision.compute_dtype names, plus tf32 and fp8 (e4m3 and e5m2 share a peak).
 PEAK_DTYPES = ("float32", "tfloat32", "bfloat16", "float16", "float8")
@@ -79,6 +79,17 @@ def check_dtype(peaks: dict, name: str, compute_dtype: str, device: str | None =
     if short and peaks and compute_dtype not in peaks:
         found = f" (detected: {device})" if device else ""
         raise ConfigError("precision", f"hardware={name}{found} has no {short}; use precision=fp16")
+
+
+def load_profile(name: str):
+    """configs/hardware/NAME.yaml typed as the hardware section."""
+    from omegaconf import OmegaConf
+
+    from llmtrain.config import builtin_config_dir
+    from llmtrain.config.schema import HardwareConfig
+
+    path = builtin_config_dir() / "hardware" / f"{name}.yaml"
+    return OmegaConf.merge(OmegaConf.structured(HardwareConfig), OmegaConf.load(path))
 
 
 def missing_peak(hw: dict, compute_dtype: str) -> str:
