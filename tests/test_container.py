@@ -20,7 +20,8 @@ import pytest
 from conftest import run_cli
 
 from llmtrain.cli import main
-from llmtrain.config import ConfigError, compose_config, validate
+from llmtrain.config import ConfigError
+from llmtrain.launch.config_probes import compose_here, validate_here
 from llmtrain.launch.slurm import SlurmBackend
 from llmtrain.launch.ssh import SSHBackend
 
@@ -31,8 +32,8 @@ SETUP_SCRIPT = ("eval 'export A=1' </dev/null || { echo 'llmtrain: node set-up f
 
 
 def cfg_of(*overrides: str):
-    cfg = compose_config(list(overrides))
-    validate(cfg)
+    cfg = compose_here(list(overrides))
+    validate_here(cfg)
     return cfg
 
 

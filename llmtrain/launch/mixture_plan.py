@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from llmtrain.config.mixture_checks import check_mixture
+from llmtrain.data.mixture_checks import check_mixture
 from llmtrain.data.tokenfile import num_windows, split_sizes
 
 # Past this many passes over a source's training split, the run mostly relearns the same samples.

@@ -15,9 +15,10 @@ from omegaconf import DictConfig
 from torch.distributed.tensor import DTensor
 
 from llmtrain.config.derived import Derived, torch_dtype
-from llmtrain.config.fp8 import check_fp8_node
+from llmtrain.hardware.fp8_device import check_fp8_node
 from llmtrain.checkpoint import store
 from llmtrain.checkpoint.manager import CheckpointManager
+from llmtrain.checkpoint.pretrained import configured_pretrained
 from llmtrain.data import SampleStream, build_dataset
 from llmtrain.parallel.build import ParallelModel, build_parallel_model
 from llmtrain.parallel.grad_norm import clip_grad_norm_
@@ -76,7 +77,8 @@ class Trainer:
         self.pp_group = self.mesh.pp.get_group()
         self.compute_dtype = torch_dtype(cfg.precision.compute_dtype)
 
-        self.model: ParallelModel = build_parallel_model(cfg, self.dims, self.mesh, device)
+        self.model: ParallelModel = build_parallel_model(cfg, self.dims, self.mesh, device,
+                                                           configured_pretrained(cfg.model))
         self.params = self.model.parameters()
         self.fused = resolve_fused(cfg.optim.fused, device.type)
         self.optimizer = build_optimizer(self.model.parts, cfg.train, self.fused)
