@@ -18,6 +18,8 @@ RETIRED_OPTIONS = {"precision": RETIRED_PRECISIONS}  # kept out of the options l
 APEX_AMP_GONE = ("current NVIDIA apex has no amp (apex.amp was removed); precision=fp16 is the O1 recipe "
                  "(autocast + dynamic loss scaling starting at 2^16) and precision=bf16 the modern default "
                  "(no loss scaling needed)")
+
+
 def _require(ok: bool, key: str, message: str) -> None:
     if not ok:
         raise ConfigError(key, message)
