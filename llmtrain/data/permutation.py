@@ -38,10 +38,25 @@ class FeistelPermutation:
             left, right = right, left ^ (_mix(right ^ key) & self.half_mask)
         return (left << self.half_bits) | right
 
+    def _decrypt(self, x: int) -> int:
+        left, right = x >> self.half_bits, x & self.half_mask
+        for key in reversed(self.round_keys):
+            left, right = right ^ (_mix(left ^ key) & self.half_mask), left
+        return (left << self.half_bits) | right
+
     def __call__(self, index: int) -> int:
         if not 0 <= index < self.n:
             raise IndexError(f"permutation index {index} out of range [0, {self.n})")
         x = self._encrypt(index)
         while x >= self.n:  # cycle walking: stays a bijection on [0, n)
             x = self._encrypt(x)
+        return x
+
+    def inverse(self, value: int) -> int:
+        """The index that `value` sits at (which position of an epoch reads a given window)."""
+        if not 0 <= value < self.n:
+            raise IndexError(f"permutation value {value} out of range [0, {self.n})")
+        x = self._decrypt(value)
+        while x >= self.n:
+            x = self._decrypt(x)
         return x
