@@ -284,7 +284,8 @@ MIX_RUN = [*SMALL, "data=mix", "train.global_batch_size=8", "train.micro_batch_s
 def test_mix_trains_the_same_under_dp2_reports_sources_and_resumes_with_new_weights(tmp_path):
     rng = np.random.default_rng(0)
     web = write_tokens(tmp_path / "web.bin", rng.integers(0, 256, 6000))
-    code = write_shards(tmp_path / "code", [np.arange(2000) % 256, (np.arange(3000) * 7) % 256])
+    # code: 1,425 train tokens, 22 windows of 64: it runs out after the resume and starts its epoch 1.
+    code = write_shards(tmp_path / "code", [np.arange(600) % 256, (np.arange(900) * 7) % 256])
     sources = f"data.sources=[{{path: {web}, weight: 0.7}}, {{path: {code}, weight: 0.3}}]"
     one = launch(tmp_path / "one", *MIX_RUN, sources, "train.max_steps=3", "cluster.nproc_per_node=1")
     two = launch(tmp_path / "two", *MIX_RUN, sources, "train.max_steps=3", "cluster.nproc_per_node=2")
@@ -310,6 +311,9 @@ def test_mix_trains_the_same_under_dp2_reports_sources_and_resumes_with_new_weig
     resumed, _ = schedule.continued({"web": 0.2, "code": 0.8}, 24)
     for row in (r for r in rows if "loss" in r and r["step"] > 3):
         assert row["source_tokens"] == {k: v * 64 for k, v in resumed.consumed(8 * row["step"]).items()}
+    wrap = next(step for step in range(4, 7) if resumed.consumed(8 * step)["code"] > 22)
+    assert log.count("llmtrain: source code starts epoch") == 1
+    assert f"llmtrain: source code starts epoch 1 at step {wrap}" in log
     final = [r for r in rows if "loss" in r][-1]
     assert final["step"] == 6
     assert final["source_tokens"]["code"] - 64 * schedule.consumed(24)["code"] == pytest.approx(0.8 * 24 * 64, abs=64)
