@@ -300,6 +300,18 @@ def test_mix_trains_the_same_under_dp2_reports_sources_and_resumes_with_new_weig
     (val,) = [r for r in two if "val_loss" in r]
     assert set(val["source_val_loss"]) == {"web", "code"}
     assert val["val_loss"] == pytest.approx(0.7 * val["source_val_loss"]["web"] + 0.3 * val["source_val_loss"]["code"])
+    # Under pipeline parallelism, with a weight-0 source: evaluated, not drawn, not averaged into val_loss.
+    math_src = write_tokens(tmp_path / "math.bin", rng.integers(0, 256, 3000))
+    with_math = sources[:-1] + f", {{path: {math_src}, weight: 0}}]"
+    pp = launch(tmp_path / "pp", *MIX_RUN, with_math, "train.max_steps=3", "cluster.nproc_per_node=2",
+                "parallel.pp=2")
+    assert max(abs(r["loss"] - losses[r["step"]]) for r in pp if "loss" in r) <= 1e-5
+    (pp_val,) = [r for r in pp if "val_loss" in r]
+    assert set(pp_val["source_val_loss"]) == {"web", "code", "math"}
+    assert abs(pp_val["val_loss"] - val["val_loss"]) <= 1e-5
+    assert all(abs(pp_val["source_val_loss"][k] - val["source_val_loss"][k]) <= 1e-5 for k in ("web", "code"))
+    assert [r["source_tokens"] for r in pp if "loss" in r][-1] == {**{k: v * 64 for k, v in
+                                                                      schedule.consumed(24).items()}, "math": 0}
     meta = json.loads((tmp_path / "two" / "checkpoints" / "step-0000003" / "meta.json").read_text())
     assert meta["mixture"]["source_samples"] == schedule.consumed(24)
 
