@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -330,3 +331,36 @@ def test_mix_trains_the_same_under_dp2_reports_sources_and_resumes_with_new_weig
     assert final["step"] == 6
     assert final["source_tokens"]["code"] - 64 * schedule.consumed(24)["code"] == pytest.approx(0.8 * 24 * 64, abs=64)
     assert len(read_rows(tmp_path / "two")) == len(rows)
+
+
+def test_step_log_rows_and_console_lines_carry_the_data_fields(tmp_path):
+    from llmtrain.train.evaluation import EvalResult
+    from llmtrain.train.metrics import MetricsWriter, read_metrics
+    from llmtrain.train.step_log import StepLog
+
+    class Feed:
+        def __init__(self):
+            self.waits = iter([1.5, 0.25])
+
+        def take_wait_ms(self):
+            return next(self.waits)
+
+        def source_tokens(self, samples_seen):
+            return {"web": 48 * samples_seen, "code": 16 * samples_seen}
+
+    lines = []
+    train_cfg = SimpleNamespace(log_interval=2, max_steps=4, warmup_steps=1, lr=1e-3, min_lr=1e-4)
+    scaler = SimpleNamespace(enabled=False)
+    metrics = MetricsWriter(str(tmp_path / "metrics.jsonl"))
+    log = StepLog(train_cfg, metrics, lambda line, **_: lines.append(line), 256, 1.0, None, 1, scaler,
+                  lambda: 0.5, Feed())
+    result = SimpleNamespace(loss=2.0, grad_norm=1.0)
+    for step in (1, 2, 3):
+        log.step_done(step, result, 0.1, 256 * step, 0.1 * step, samples_seen=4 * step)
+    log.eval_done(3, EvalResult(2.5, {"web": 2.25, "code": 3.25}))
+    metrics.close()
+    rows = read_metrics(str(tmp_path / "metrics.jsonl"))
+    assert [(r["step"], r["data_wait_ms"], r["source_tokens"]) for r in rows if "loss" in r] == \
+        [(1, 1.5, {"web": 192, "code": 64}), (2, 0.25, {"web": 384, "code": 128})]
+    assert rows[-1] == {"step": 3, "val_loss": 2.5, "source_val_loss": {"web": 2.25, "code": 3.25}}
+    assert lines[-1] == "step      3/4 | val_loss 2.5000 | web 2.2500 code 3.2500"
