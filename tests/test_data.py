@@ -405,7 +405,7 @@ def mixed_folder(root: Path) -> dict[str, bytes]:
     for name, data in texts.items():
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_bytes(data)
-    (root / "archive.txt.gz").write_bytes(gzip.compress(b"compressed text\n" * 50))
+    (root / "archive.tar.gz").write_bytes(gzip.compress(b"compressed text\n" * 50))
     module = root.parent / "module.py"
     module.write_text("VALUE = 42\n\ndef double(x):\n    return 2 * x\n")
     py_compile.compile(str(module), cfile=str(root / "module.pyc"), doraise=True)
@@ -436,7 +436,7 @@ def test_prepare_skips_binary_and_compressed_files(tmp_path):
     assert data == expected and not data.startswith(b"\x1f\x8b")
     assert "skipped 3 file(s)" in result.stdout
     assert "2 binary" in result.stdout and "module.pyc" in result.stdout and "tool" in result.stdout
-    assert "1 compressed" in result.stdout and "archive.txt.gz" in result.stdout
+    assert "1 compressed" in result.stdout and "archive.tar.gz" in result.stdout
 
 
 def test_prepare_include_and_exclude(tmp_path):
@@ -451,7 +451,7 @@ def test_prepare_include_and_exclude(tmp_path):
     meta = prepare_corpus([str(tmp_path / "in")], str(tmp_path / "x.bin"), exclude=["*.md", "*.pyc", "tool"],
                           skipped=skipped)
     assert meta["num_tokens"] == len(texts["sub/code.txt"]) and skipped == [
-        (os.path.join(str(tmp_path / "in"), "archive.txt.gz"), "compressed")]
+        (os.path.join(str(tmp_path / "in"), "archive.tar.gz"), "compressed")]
     # An excluded folder is not entered; globs also match the relative path.
     meta = prepare_corpus([str(tmp_path / "in")], str(tmp_path / "y.bin"), include=["sub/*", "*.md"], exclude=["sub"])
     assert meta["num_tokens"] == len(texts["notes.md"])
@@ -482,7 +482,7 @@ def test_prepare_jsonl_documents(tmp_path):
 
 @pytest.mark.parametrize("lines,key", [
     (['{"text": "ok"}', "{not json"], "--input"),
-    (['{"text": "ok"}', '{"body": "no text field"}'], "--jsonl-key"),
+    (['{"text": "ok"}', '{"body": "no text field"}'], "--text-key"),
 ])
 def test_prepare_bad_jsonl_line_is_one_line_naming_file_and_line(tmp_path, lines, key):
     bad = tmp_path / "bad.jsonl"

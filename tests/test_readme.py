@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import shutil
 
 import pytest
 from conftest import REPO, run_cli
@@ -36,6 +37,9 @@ def test_readme_override_examples_resolve(tmp_path):
     (tmp_path / "docs" / "a.txt").write_text("hello llmtrain\n" * 3000)
     prepared = run_cli(["data", "prepare", "--input", "docs", "--output", "data/train.bin"], cwd=tmp_path)
     assert prepared.returncode == 0, prepared.stderr
+    for source in ("web", "code"):  # the two sources of the data=mix example
+        for suffix in ("", ".json"):
+            shutil.copy(tmp_path / "data" / f"train.bin{suffix}", tmp_path / "data" / f"{source}.bin{suffix}")
     commands = readme_commands("llmtrain launch ")
     assert len(commands) >= 5
     for command in commands:

@@ -38,3 +38,30 @@ def check_resumable(old: DictConfig, new: DictConfig, path: str) -> list[tuple[s
         raise CheckpointError("checkpoint.resume", f"model shape differs from the checkpoint {path}: {what} "
                                                    "(use checkpoint.resume=none or another run.dir to start fresh)")
     return diff
+
+
+def describe_change(key: str, before, after) -> str:
+    """`BEFORE -> AFTER`; a mixture's sources by name: weights changed, sources added or dropped."""
+    if key == "data.sources" and isinstance(before, list) and isinstance(after, list) and before and after:
+        return mixture_change(before, after)
+    return f"{before} -> {after}"
+
+
+def mixture_change(before: list[dict], after: list[dict]) -> str:
+    """`web weight 0.7 -> 0.5, + math (new, weight 0.2)`, and where the stream goes on from."""
+    from llmtrain.data.mixture_config import source_names
+
+    old = dict(zip(source_names(before), before))
+    new = dict(zip(source_names(after), after))
+    parts = []
+    for name, source in old.items():
+        if name not in new:
+            parts.append(f"- {name} (dropped, was weight {source.get('weight')})")
+            continue
+        if source.get("weight") != new[name].get("weight"):
+            parts.append(f"{name} weight {source.get('weight')} -> {new[name].get('weight')}")
+        if source.get("path") != new[name].get("path"):
+            parts.append(f"{name} path {source.get('path')} -> {new[name].get('path')}")
+    parts += [f"+ {name} (new, weight {source.get('weight')})" for name, source in new.items() if name not in old]
+    what = ", ".join(parts) or "the same sources in another order"
+    return f"{what}; the stream continues from the samples each source has consumed"

@@ -8,14 +8,14 @@ import warnings
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from llmtrain.config.derived import world_size
 from llmtrain.config.errors import ConfigError
 from llmtrain.config.key_origin import unknown_key_error
 from llmtrain.config.override_checks import check_deletions, quoting_error
-from llmtrain.config.schema import LLMTrainConfig, RopeScalingConfig
+from llmtrain.config.schema import DataSourceConfig, LLMTrainConfig, RopeScalingConfig
 
 PRIMARY_CONFIG = "config"
 
@@ -157,7 +157,7 @@ def to_typed(raw: DictConfig) -> DictConfig:
         typed = OmegaConf.merge(OmegaConf.structured(LLMTrainConfig), raw)
         OmegaConf.resolve(typed)
     except OmegaConfBaseException as e:
-        raise _omegaconf_error(e) from None
+        raise _omegaconf_error(e, raw) from None
     _fill_defaults(typed)
     return typed
 
@@ -231,8 +231,10 @@ def _first_line(text: str) -> str:
 _ROPE_SCALING_FIELDS = {f.name for f in dataclasses.fields(RopeScalingConfig)}
 
 
-def _omegaconf_error(e: OmegaConfBaseException) -> ConfigError:
+def _omegaconf_error(e: OmegaConfBaseException, raw: DictConfig | None = None) -> ConfigError:
     key = getattr(e, "full_key", None) or "config"
+    if "." not in key and getattr(e, "object_type", None) is DataSourceConfig:
+        key = _source_key(key, raw)
     msg = _first_line(getattr(e, "msg", None) or str(e))
     if "not in struct" in msg or "Key '" in msg and "not in" in msg:
         msg = "unknown key (not in the schema; check its spelling)"
@@ -243,9 +245,20 @@ def _omegaconf_error(e: OmegaConfBaseException) -> ConfigError:
             field_name = key.split(".")[2]
             msg = (f"model.rope_scaling is null here; set the section whole: model.rope_scaling={{{field_name}:...}} "
                    "(its other fields take their defaults)")
+    elif "is not a subclass of DataSourceConfig" in msg:
+        msg = "each source is a mapping {path: FILE_OR_FOLDER, weight: W, name: NAME} (weight and name optional)"
     elif "could not be converted" in msg or "Invalid value" in msg or "Incompatible value" in msg:
         msg = f"wrong type: {msg}"
     return ConfigError(key, msg)
+
+
+def _source_key(field_name: str, raw: DictConfig | None) -> str:
+    """OmegaConf names a bad key inside a list element without the list: `data.sources[I].KEY` says which."""
+    sources = OmegaConf.select(raw, "data.sources", default=None) if raw is not None else None
+    for i, source in enumerate(sources if isinstance(sources, ListConfig) else []):
+        if isinstance(source, DictConfig) and field_name in source:
+            return f"data.sources[{i}].{field_name}"
+    return f"data.sources[].{field_name}"
 
 
 def _hydra_error(e: Exception, overrides: Sequence[str]) -> ConfigError:

@@ -31,7 +31,7 @@ def _set_by_override(key: str, overrides: Sequence[str], choices: dict[str, str 
         bare = override.partition("=")[0].lstrip("+~")
         if bare in choices:  # model=mine picks a file; the key is in that file
             continue
-        if bare == key or key.startswith(f"{bare}.") or bare.startswith(f"{key}."):
+        if bare == key or key.startswith((f"{bare}.", f"{bare}[")) or bare.startswith(f"{key}."):
             return True
     return False
 

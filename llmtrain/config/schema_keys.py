@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import typing
 from functools import lru_cache
 
@@ -60,8 +61,24 @@ def schema_keys() -> tuple[str, ...]:
     return tuple(sorted(keys))
 
 
+def _element_fields(list_key: str) -> list[str]:
+    """The fields of the dataclass a list key holds (data.sources: path, weight, name); [] for other keys."""
+    cls: typing.Any = LLMTrainConfig
+    for part in list_key.split("."):
+        if not dataclasses.is_dataclass(cls) or part not in _user_names(cls):
+            return []
+        cls = typing.get_type_hints(cls)[_user_names(cls)[part]]
+    args = typing.get_args(cls) if typing.get_origin(cls) in (list, typing.List) else ()
+    return [f.name for f in dataclasses.fields(args[0])] if args and dataclasses.is_dataclass(args[0]) else []
+
+
 def closest_key(key: str) -> str | None:
-    """The schema key a misspelt `key` most likely meant (model.n_layer -> model.n_layers), or None."""
+    """The schema key a misspelt `key` most likely meant (model.n_layer -> model.n_layers,
+    data.sources[0].wieght -> data.sources[0].weight), or None."""
+    element = re.fullmatch(r"(.+)(\[\d*\])\.([^.]+)", key)
+    if element:
+        close = difflib.get_close_matches(element[3], _element_fields(element[1]), n=1, cutoff=0.6)
+        return f"{element[1]}{element[2]}.{close[0]}" if close else None
     sections = {k.rsplit(".", 1)[0] for k in schema_keys() if "." in k}
     close = difflib.get_close_matches(key, [*schema_keys(), *sections], n=1, cutoff=0.8)
     return close[0] if close else None

@@ -307,6 +307,10 @@ def _validate_data(cfg: DictConfig) -> None:
                               d.val_fraction, need_val, key="data.max_bytes", more="raise data.max_bytes")
     except DataError as e:
         raise ConfigError(e.key, e.message) from None
+    if d.name == "mix":
+        from llmtrain.config.mixture_checks import check_mixture
+
+        check_mixture(cfg)
 
 
 def _validate_hardware(cfg: DictConfig) -> None:

@@ -97,37 +97,53 @@ def prepare_corpus(
     include: Sequence[str] = (),
     exclude: Sequence[str] = (),
     jsonl_key: str = "text",
+    text_key: str | None = None,
+    encoding: str = "utf-8",
+    on_bad_line: str = "stop",
+    separator: int | None = None,
+    eot_token: str | None = None,
     skipped: list | None = None,
+    notes: list | None = None,
 ) -> dict:
     """Tokenize files/directories into one token file `output` plus `output.json`; returns the meta.
 
-    Byte-level by default (one uint16 token per byte, documents concatenated as is). With
-    `tokenizer`, a Hugging Face tokenizer.json: each document is encoded whole and followed by
-    the <|endoftext|> id when the tokenizer has that token. A document is a whole file, or one
-    line of a `.jsonl` file (its `jsonl_key` field).
+    Byte-level by default (one uint16 token per byte, documents concatenated as is, or each
+    followed by the `separator` byte). With `tokenizer`, a Hugging Face tokenizer.json: each
+    document is encoded whole and followed by its end-of-text token (`eot_token`, or looked up;
+    "none" for none). A document is a whole text file (decoded with `encoding`), or one line of a
+    jsonl file / row of a table (its `text_key` field; `jsonl_key` is the older name). A malformed
+    line stops with a DataError, or with `on_bad_line="skip"` is skipped and noted.
 
     Files found in a directory are kept when they match an `include` glob (default: all) and no
     `exclude` glob, tried on the path relative to that directory and on the basename; an excluded
     directory is not entered. Files named directly are always read. Files that are not text are
-    skipped; when `skipped` is a list, (name, "binary" | "compressed") pairs are appended to it.
+    skipped; when `skipped` is a list, (name, "binary" | "compressed") pairs are appended to it,
+    and when `notes` is a list, lines for the user (files read once, lines skipped) are.
     """
     if isinstance(inputs, (str, os.PathLike)):
         inputs = [inputs]
     tok = load_tokenizer(tokenizer) if tokenizer is not None else None
     output = os.path.abspath(os.path.expanduser(os.fspath(output)))
-    options = PrepareOptions(tokenizer=tokenizer, include=tuple(include), exclude=tuple(exclude), text_key=jsonl_key)
-    units = expand_inputs(inputs, {output, meta_path(output)}, options.include, options.exclude)
-    encoder = ByteEncoder() if tok is None else TokenizerEncoder(tok)
+    options = PrepareOptions(tokenizer=tokenizer, include=tuple(include), exclude=tuple(exclude),
+                             text_key=text_key or jsonl_key, encoding=encoding, on_bad_line=on_bad_line,
+                             separator=separator, eot_token=eot_token)
+    units, input_notes = expand_inputs(inputs, {output, meta_path(output)}, options.include, options.exclude)
+    encoder = ByteEncoder(options.separator) if tok is None else TokenizerEncoder(tok, options.eot_token)
+    bad_notes: list[str] = []
     not_text: list[tuple[str, str]] = []
     total = used = 0
     with contextlib.ExitStack() as commit:
         with _atomic_write(output) as out:
             for unit in units:
                 try:
-                    total += tokenize_input(unit, encoder, out, options).tokens
+                    stats = tokenize_input(unit, encoder, out, options)
                 except NotText as e:
                     not_text.append((unit.name, e.reason))
                     continue
+                total += stats.tokens
+                if stats.bad_lines:
+                    bad_notes.append(f"skipped {stats.bad_lines} bad line(s) in {unit.name}, e.g. "
+                                     + "; ".join(stats.bad_examples))
                 used += 1
             if used == 0:
                 raise DataError("--input", f"no text file to tokenize; {skip_summary(not_text)}")
@@ -143,6 +159,8 @@ def prepare_corpus(
         _write_meta(output, meta)
     if skipped is not None:
         skipped.extend(not_text)
+    if notes is not None:
+        notes.extend(input_notes + bad_notes)
     return meta
 
 

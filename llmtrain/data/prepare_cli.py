@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import codecs
 import os
 import sys
 
 from .corpus import meta_path, prepare_corpus, skip_summary
+from .errors import DataError
 
 EXIT_INTERRUPTED = 130
 
@@ -17,8 +19,9 @@ def add_prepare_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         required=True,
         metavar="PATH",
-        help="text files or directories (all files under them, sorted) to tokenize, in this order; files that "
-        "are not text (binary, compressed) are skipped and reported; a .jsonl file holds one document per line",
+        help="files or directories (all files under them, sorted) to tokenize, in this order: text files, .jsonl "
+        "(one document per line; also .jsonl.gz, .json.gz, .jsonl.zst), .txt.gz, .txt.zst, .parquet, and datasets "
+        "folders (save_to_disk); other files that are not text (binary, compressed) are skipped and reported",
     )
     parser.add_argument(
         "--output",
@@ -49,16 +52,68 @@ def add_prepare_arguments(parser: argparse.ArgumentParser) -> None:
         "(repeatable)",
     )
     parser.add_argument(
+        "--text-key",
         "--jsonl-key",
+        dest="text_key",
         default="text",
         metavar="KEY",
-        help="field of each .jsonl line's JSON object that holds the document text (default: text)",
+        help="field of each jsonl line's JSON object, or column of a parquet file or datasets folder, that holds "
+        "the document text (default: text; --jsonl-key is its older name)",
     )
+    parser.add_argument(
+        "--encoding",
+        default="utf-8",
+        metavar="NAME",
+        help="encoding of text files and jsonl lines, e.g. latin-1 (default: utf-8); text is written as UTF-8, "
+        "a file not valid in it is skipped as binary",
+    )
+    parser.add_argument(
+        "--on-bad-line",
+        choices=("stop", "skip"),
+        default="stop",
+        help="a malformed jsonl line or table row (not JSON, not an object, no text, null): stop with an error "
+        "naming FILE:LINE (default), or skip it, count it and name the first few",
+    )
+    parser.add_argument(
+        "--separator",
+        default=None,
+        metavar="BYTE",
+        help="byte-level: a byte written after every document, as 0-255 or an escape like '\\n' or '\\0' "
+        "(default: none, documents follow each other as is)",
+    )
+    parser.add_argument(
+        "--eot-token",
+        default=None,
+        metavar="TOKEN",
+        help="with --tokenizer: the token written after every document (default: the first of <|endoftext|>, "
+        "<|end_of_text|>, </s>, <eos> the tokenizer has); none: no token",
+    )
+
+
+def parse_separator(value: str | None) -> int | None:
+    """--separator's byte: a number (10, 0x0a) or one character, escapes allowed (\\n, \\0, \\t)."""
+    if value is None:
+        return None
+    try:
+        number = int(value) if value.isdigit() else int(value, 0)
+    except ValueError:
+        try:
+            text = codecs.decode(value, "unicode_escape")
+        except UnicodeDecodeError:
+            text = ""
+        if len(text) != 1 or ord(text) > 255:
+            raise DataError("--separator", f"expected a byte 0-255 or one escaped character like \\n, got {value!r}") \
+                from None
+        return ord(text)
+    if not 0 <= number <= 255:
+        raise DataError("--separator", f"expected a byte 0-255, got {value}")
+    return number
 
 
 def run_prepare(args: argparse.Namespace) -> int:
     """Write the token file; returns the exit status. A DataError propagates for the CLI to report."""
     skipped: list[tuple[str, str]] = []
+    notes: list[str] = []
     before = _identity(args.output)
     try:
         meta = prepare_corpus(
@@ -67,8 +122,13 @@ def run_prepare(args: argparse.Namespace) -> int:
             tokenizer=args.tokenizer,
             include=args.include,
             exclude=args.exclude,
-            jsonl_key=args.jsonl_key,
+            text_key=args.text_key,
+            encoding=args.encoding,
+            on_bad_line=args.on_bad_line,
+            separator=parse_separator(args.separator),
+            eot_token=args.eot_token,
             skipped=skipped,
+            notes=notes,
         )
     except KeyboardInterrupt:
         print(f"llmtrain: interrupted: {_interrupted(args.output, before)}", file=sys.stderr, flush=True)
@@ -78,6 +138,8 @@ def run_prepare(args: argparse.Namespace) -> int:
         f"wrote {meta['num_tokens']:,} tokens ({meta['dtype']}, vocab {meta['vocab_size']}, {tokenizer}) "
         f"from {meta['sources']} file(s) to {args.output}"
     )
+    for note in notes:
+        print(note)
     if skipped:
         print(skip_summary(skipped))
     return 0

@@ -19,6 +19,8 @@ from __future__ import annotations
 import os
 import sys
 
+from omegaconf import OmegaConf
+
 from llmtrain.config.errors import ConfigError
 from llmtrain.launch.backend import CONTAINER_PYTHON, node_python
 from llmtrain.launch.node_setup import setup_statements
@@ -33,10 +35,15 @@ def uses_container(cfg) -> bool:
 
 def own_paths(cfg, workdir: str, run_dir: str) -> dict[str, str]:
     """The folders mounted at their own paths, by the key that sets each: where the job runs, the run directory
-    (config, logs, checkpoints) and the data file's folder (where the launcher prepared it)."""
+    (config, logs, checkpoints) and the data file's folder (where the launcher prepared it), or each source's."""
     paths = {"cluster.workdir": workdir, "run.dir": run_dir}
     if cfg.data.name in ("stdlib", "memmap") and cfg.data.path:
         paths["data.path"] = os.path.dirname(os.path.abspath(os.path.expanduser(cfg.data.path)))
+    sources = [] if cfg.data.name != "mix" or OmegaConf.is_missing(cfg.data, "sources") else cfg.data.sources
+    for i, source in enumerate(sources):  # a token file's folder, or the shard folder itself
+        if not OmegaConf.is_missing(source, "path"):
+            path = os.path.abspath(os.path.expanduser(str(source.path)))
+            paths[f"data.sources[{i}].path"] = path if os.path.isdir(path) else os.path.dirname(path)
     return paths
 
 

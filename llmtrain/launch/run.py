@@ -69,6 +69,12 @@ def dry_run(cfg: DictConfig) -> int:
     console.rule("resolved config")
     console.print(to_yaml(cfg), markup=False, highlight=False)
     console.print(layout_table(cfg))
+    if cfg.data.name == "mix":
+        from llmtrain.launch.mixture_plan import mixture_lines
+
+        for line in mixture_lines(cfg):
+            console.print(f"llmtrain: {line}" if line.startswith("warning") else line, markup=False,
+                          highlight=False, soft_wrap=True)
     console.rule("commands (nothing was started)")
     note = default_python_note(cfg)
     if note:
@@ -119,7 +125,7 @@ def check_resume(cfg: DictConfig, console: Console) -> str | None:
     """Before anything starts: the checkpoint to resume from (returned; None: a fresh start), and what differs
     from its config."""
     from llmtrain.checkpoint import store
-    from llmtrain.checkpoint.diff import check_resumable
+    from llmtrain.checkpoint.diff import check_resumable, describe_change
     from llmtrain.config import load_run_config
     from llmtrain.data.identity import data_changes
 
@@ -145,10 +151,11 @@ def check_resume(cfg: DictConfig, console: Console) -> str | None:
     console.print(f"llmtrain: resuming from {path}" + (" with these changes:" if diff else " (same config)"),
                   markup=False, highlight=False)
     for key, before, after in diff:
-        console.print(f"  {key}: {before} -> {after}", markup=False, highlight=False)
+        console.print(f"  {key}: {describe_change(key, before, after)}", markup=False, highlight=False)
     data = data_changes((store.read_meta(path) or {}).get("data"), cfg.data)
     if data:  # allowed here: a checkpoint of another run directory (or an older one) resumed on purpose
-        console.print(f"  data.path: other data than the checkpoint's: {data}", markup=False, highlight=False)
+        console.print(f"  {run_identity.data_key(cfg)}: other data than the checkpoint's: {data}", markup=False,
+                      highlight=False)
     return path
 
 

@@ -51,10 +51,16 @@ def conflict(cfg: DictConfig, run_dir: str, resume_path: str | None, old_cfg: Di
         what = ", ".join(f"{k} {a} -> {b}" for k, a, b in changed)
         data = data_changes((store.read_meta(resume_path) or {}).get("data"), cfg.data)
         if data:
-            what = (what + ", " if what else "") + f"other data (data.path {data})"
+            colon = ":" if cfg.data.name == "mix" else ""  # a mixture's changes begin with their source's name
+            what = (what + ", " if what else "") + f"other data ({data_key(cfg)}{colon} {data})"
         if what:
             return f"{what} would start a new run in {run_dir}, which holds the run saved in {newest.path}", every
     return "", []
+
+
+def data_key(cfg: DictConfig) -> str:
+    """The key that names the data: data.sources for a mixture, else data.path."""
+    return "data.sources" if cfg.data.name == "mix" else "data.path"
 
 
 def refuse_or_move_aside(cfg: DictConfig, run_dir: str, why: str, checkpoints: list[str]) -> str:

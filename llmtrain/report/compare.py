@@ -140,7 +140,12 @@ def differing_keys(runs: list[Run]) -> list[str]:
 def key_value(run: Run, key: str, swept: bool) -> str:
     if swept:
         return run.params.get(key, "-")
-    return str(run.flat_config.get(key, "-"))
+    value = run.flat_config.get(key, "-")
+    if key == "data.sources" and isinstance(value, list):  # a mixture by name and weight: `web 0.7, code 0.3`
+        from llmtrain.data.mixture_config import source_names
+
+        return ", ".join(f"{name} {source.get('weight')}" for name, source in zip(source_names(value), value))
+    return str(value)
 
 
 def ranked(runs: list[Run]) -> list[Run]:

@@ -10,6 +10,7 @@ import statistics
 from llmtrain.config.errors import ConfigError
 from llmtrain.console import fold_table, get_console
 from llmtrain.report.plotting import NO_PLOTS, PLOT_EXTRA, pyplot
+from llmtrain.report.source_table import plot_source_val_loss, source_rows, val_loss_step
 from llmtrain.train.metrics import read_metrics
 
 
@@ -193,7 +194,8 @@ def plot_all(plt, rows: list[dict], out_dir: str, title: str) -> list[str]:
         ax.legend(lines, [line.get_label() for line in lines], loc="lower right")
     paths.append(os.path.join(out_dir, "throughput.png"))
     _save(plt, fig, paths[-1])
-    return paths
+    per_source = plot_source_val_loss(plt, rows, out_dir, title, _save)
+    return paths + ([per_source] if per_source else [])
 
 
 # ---------------------------------------------------------------------------------------------------- tensorboard
@@ -260,6 +262,15 @@ def run_report(args) -> int:
     for label, value in summary:
         table.add_row(label, value)
     console.print(table)
+    sources = source_rows(rows)
+    if sources:
+        at = val_loss_step(rows)
+        table = fold_table("data=mix sources" + (f" (val loss at step {at})" if at is not None else ""))
+        for col in ("source", "tokens", "share", "val loss"):
+            table.add_column(col, justify="left" if col == "source" else "right")
+        for row in sources:
+            table.add_row(*row)
+        console.print(table)
     if not rows:
         console.print("metrics.jsonl has no rows yet", highlight=False)
     console.print("plots: " + ", ".join(paths) if plt is not None else NO_PLOTS, markup=False, highlight=False)
