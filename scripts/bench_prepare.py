@@ -12,6 +12,7 @@ its MB/s is the one its summary line reports (the preparation itself, not Python
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import random
 import re
@@ -31,14 +32,14 @@ def make_corpus(folder: Path, files: int, file_mb: float, seed: int = 1234) -> i
     rng = random.Random(seed)
     vocab = sorted({"".join(rng.choices(SYLLABLES, k=rng.randint(1, 4))) for _ in range(30_000)})
     rng.shuffle(vocab)
-    weights = [1.0 / (rank + 1) for rank in range(len(vocab))]  # Zipf's law
+    cum_weights = list(itertools.accumulate(1.0 / (rank + 1) for rank in range(len(vocab))))  # Zipf's law
     total = 0
     for i in range(files):
         paragraphs, size = [], 0
         while size < file_mb * 1e6:
             sentences = []
             for _ in range(rng.randint(2, 7)):
-                words = rng.choices(vocab, weights, k=rng.randint(5, 24))
+                words = rng.choices(vocab, cum_weights=cum_weights, k=rng.randint(5, 24))
                 words[0] = words[0].capitalize()
                 if rng.random() < 0.2:
                     words.insert(rng.randint(1, len(words) - 1), f"{rng.randint(0, 2099)},")
@@ -59,7 +60,7 @@ def train_bpe(corpus: Path, path: Path) -> None:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=8192, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train([str(p) for p in sorted(corpus.iterdir())[:2]], trainer)
     tok.save(str(path))
 

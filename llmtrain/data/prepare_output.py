@@ -35,6 +35,9 @@ def check_output(output: str, sharded: bool) -> None:
     """Refuse, before any work, an OUT that this kind of output must not replace."""
     if not sharded and os.path.isdir(output):
         raise DataError("--output", f"{output} is a folder; without --shard-tokens the output is one token file")
+    if sharded and os.path.islink(output):
+        raise DataError("--output", f"{output} is a symbolic link; --shard-tokens replaces a folder whole: give "
+                                    "the folder's own path")
     if sharded and os.path.lexists(output) and not os.path.isdir(output):
         raise DataError("--output", f"{output} is a file; --shard-tokens writes a folder: remove it or choose "
                                     "another --output")
