@@ -176,3 +176,25 @@ def test_ctrl_c_mid_run_with_workers_leaves_nothing(tmp_path, tokenizer):
     assert (out_dir / "o.bin").read_bytes() == b"old"
     gone, alive = psutil.wait_procs(workers, timeout=10)
     assert alive == []
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the workers inherit the patch only when forked")
+def test_a_worker_killed_mid_run_stops_the_run_with_nothing_written(tmp_path, monkeypatch):
+    from llmtrain.data import prepare_pool
+    from llmtrain.data.errors import DataError
+
+    corpus = write_corpus(tmp_path / "in", files=6, words=100)
+    real = prepare_pool.tokenize_input
+
+    def killed_on_doc002(unit, encoder, out, options):  # runs in the forked worker
+        if unit.name.endswith("doc002.txt"):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(unit, encoder, out, options)
+
+    monkeypatch.setattr(prepare_pool, "tokenize_input", killed_on_doc002)
+    with pytest.raises(DataError) as err:
+        prepare_corpus([str(corpus)], str(tmp_path / "o.bin"), workers=2)
+    assert err.value.key == "--workers"
+    assert err.value.message == (f"a worker process died (exit code -9) while tokenizing {corpus / 'doc002.txt'}; "
+                                 "out of memory? try fewer --workers")
+    assert os.listdir(tmp_path) == ["in"]
