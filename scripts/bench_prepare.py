@@ -4,7 +4,9 @@ and 2 worker processes: the median of 3 runs each, and the speed-up of 2 workers
 The corpus is generated (seeded, no download) in a temp folder: Zipf-distributed words made of syllables, sentences
 and paragraphs, in --files files of about --file-mb MB. The BPE tokenizer (vocab 8192, byte-level pre-tokenizer,
 <|endoftext|>) is trained with `tokenizers` on the first two files. Each run is `python -m llmtrain data prepare`;
-its MB/s is the one its summary line reports (the preparation itself, not Python's start-up).
+its MB/s is the one its summary line reports (the preparation itself, not Python's start-up), and "cores busy" the
+CPU seconds it and its workers used per wall-clock second (start-up included): on a machine shared with other
+jobs, 2 workers can only be faster where they got more than one core.
 
     python scripts/bench_prepare.py [--files 48] [--file-mb 1] [--runs 3] [--workers 1 2]
 """
@@ -15,6 +17,7 @@ import argparse
 import itertools
 import os
 import random
+import resource
 import re
 import statistics
 import subprocess
@@ -72,16 +75,24 @@ def load() -> str:
         return "unknown"
 
 
-def run_once(corpus: Path, out: Path, workers: int, tokenizer: Path | None) -> float:
+def children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_once(corpus: Path, out: Path, workers: int, tokenizer: Path | None) -> tuple[float, float]:
+    """(MB/s from the summary line, cores used: CPU seconds of the command and its workers per wall second)."""
     cmd = [sys.executable, "-m", "llmtrain", "data", "prepare", "--input", str(corpus), "--output", str(out),
            "--workers", str(workers)] + (["--tokenizer", str(tokenizer)] if tokenizer else [])
+    cpu, started = children_cpu(), time.perf_counter()
     result = subprocess.run(cmd, capture_output=True, text=True)
+    cores = (children_cpu() - cpu) / (time.perf_counter() - started)
     if result.returncode != 0:
         sys.exit(f"bench_prepare: {' '.join(cmd)} failed:\n{result.stderr}")
     match = SPEED.search(result.stdout)
     if not match:
         sys.exit(f"bench_prepare: no MB/s in the summary: {result.stdout!r}")
-    return float(match.group(3).replace(",", ""))
+    return float(match.group(3).replace(",", "")), cores
 
 
 def main() -> int:
@@ -106,15 +117,17 @@ def main() -> int:
         for name, tok in (("byte-level", None), ("BPE 8192", tokenizer)):
             medians = {}
             for workers in args.workers:
-                speeds = [run_once(corpus, root / "out.bin", workers, tok) for _ in range(args.runs)]
+                runs = [run_once(corpus, root / "out.bin", workers, tok) for _ in range(args.runs)]
+                speeds = [speed for speed, _ in runs]
                 medians[workers] = statistics.median(speeds)
-                rows.append((name, workers, medians[workers], speeds, medians[workers] / medians[args.workers[0]]))
-                print(f"  {name:10} {workers} worker(s): {', '.join(f'{s:.1f}' for s in speeds)} MB/s "
-                      f"(load {load()})", flush=True)
-        print(f"\n| tokenizer | workers | MB/s (median of {args.runs}) | speed-up |")
-        print("|---|---|---|---|")
-        for name, workers, median, _, speedup in rows:
-            print(f"| {name} | {workers} | {median:.1f} | {speedup:.2f}x |")
+                cores = statistics.median(c for _, c in runs)
+                rows.append((name, workers, medians[workers], cores, medians[workers] / medians[args.workers[0]]))
+                print(f"  {name:10} {workers} worker(s): {', '.join(f'{s:.1f}' for s in speeds)} MB/s, "
+                      f"{cores:.2f} cores busy (load {load()})", flush=True)
+        print(f"\n| tokenizer | workers | MB/s (median of {args.runs}) | cores busy | speed-up |")
+        print("|---|---|---|---|---|")
+        for name, workers, median, cores, speedup in rows:
+            print(f"| {name} | {workers} | {median:.1f} | {cores:.2f} | {speedup:.2f}x |")
         print(f"\nload after: {load()}")
     return 0
 
