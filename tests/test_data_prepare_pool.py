@@ -3,6 +3,7 @@ that concatenate to the single file, and Ctrl-C or a worker's error leaving noth
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -198,3 +199,49 @@ def test_a_worker_killed_mid_run_stops_the_run_with_nothing_written(tmp_path, mo
     assert err.value.message == (f"a worker process died (exit code -9) while tokenizing {corpus / 'doc002.txt'}; "
                                  "out of memory? try fewer --workers")
     assert os.listdir(tmp_path) == ["in"]
+
+
+def test_summary_reports_documents_notes_and_bad_lines(tmp_path, monkeypatch, capsys):
+    from llmtrain.cli import main
+    from llmtrain.data import prepare_pool, prepare_run
+
+    corpus = write_corpus(tmp_path / "in", files=2, words=10)
+    real_tokenize, real_expand = prepare_pool.tokenize_input, prepare_run.expand_inputs
+
+    def counted(unit, encoder, out, options):
+        stats = real_tokenize(unit, encoder, out, options)
+        stats.documents, stats.bad_lines = 2, 3
+        stats.bad_examples = [f"{unit.name}:{n}: not valid JSON" for n in (4, 7, 9)]
+        return stats
+
+    monkeypatch.setattr(prepare_pool, "tokenize_input", counted)
+    monkeypatch.setattr(prepare_run, "expand_inputs", lambda *a: (real_expand(*a), ["followed 1 symlink"]))
+    out = tmp_path / "o.bin"
+    assert main(["data", "prepare", "--input", str(corpus), "--output", str(out), "--workers", "1"]) == 0
+    tokens = out.stat().st_size // 2
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "followed 1 symlink"
+    assert lines[1].startswith(f"wrote {tokens} tokens (uint16, vocab 256, byte-level) from 2 file(s) to {out}: "
+                               f"4 documents (mean {tokens / 4:.0f} tokens), 0.0 MB in ")
+    a = corpus / "doc000.txt"  # the first 3 examples overall
+    assert lines[2:] == ["skipped 6 malformed line(s), e.g.:", f"  {a}:4: not valid JSON", f"  {a}:7: not valid JSON",
+                         f"  {a}:9: not valid JSON"]
+
+
+def test_progress_bar_on_a_terminal(tmp_path):
+    import pty
+
+    corpus = write_corpus(tmp_path / "in", files=3, words=1000)
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "llmtrain", "data", "prepare", "--input", str(corpus),
+                             "--output", str(tmp_path / "o.bin")], stdout=subprocess.PIPE, stderr=follower)
+    os.close(follower)
+    shown = b""
+    with contextlib.suppress(OSError):  # EIO once the command has closed the terminal
+        while chunk := os.read(leader, 65536):
+            shown += chunk
+    os.close(leader)
+    stdout, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0
+    assert b"tokenizing" in shown and b"3/3 files" in shown and b"MB/s" in shown, shown
+    assert stdout.decode().startswith("wrote ")
