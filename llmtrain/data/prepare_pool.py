@@ -23,6 +23,8 @@ from .readers import NotText, tokenize_input
 # Units dispatched or finished but not yet appended, per worker.
 UNITS_AHEAD_PER_WORKER = 2
 _PR_SET_PDEATHSIG = 1
+_WORKER_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGUSR1}
+_CAN_MASK = hasattr(signal, "pthread_sigmask")
 
 
 @dataclass
@@ -95,7 +97,14 @@ class _WorkerPool:
             inherited = [conn for _, conn in self.workers] + [parent_end] if forked else []
             process = ctx.Process(target=_worker_main, args=(child_end, options, os.getpid(), inherited),
                                   name=f"llmtrain-prepare-{i}", daemon=True)
-            process.start()
+            # Blocked across the fork, a signal waits until the worker has its own handlers: it never runs this
+            # process's (which would print a traceback from the worker).
+            blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _WORKER_SIGNALS) if _CAN_MASK else None
+            try:
+                process.start()
+            finally:
+                if blocked is not None:
+                    signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
             child_end.close()
             self.workers.append((process, parent_end))
 
@@ -166,6 +175,8 @@ def _worker_main(conn, options: PrepareOptions, parent_pid: int, inherited: list
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     for sig in (signal.SIGTERM, signal.SIGUSR1):
         signal.signal(sig, signal.SIG_DFL)
+    if _CAN_MASK:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _WORKER_SIGNALS)
     _die_with_parent(parent_pid)
     for other in inherited:
         other.close()
