@@ -245,3 +245,38 @@ def test_progress_bar_on_a_terminal(tmp_path):
     assert proc.returncode == 0
     assert b"tokenizing" in shown and b"3/3 files" in shown and b"MB/s" in shown, shown
     assert stdout.decode().startswith("wrote ")
+
+
+def test_ctrl_c_leaves_a_shard_folder_old_or_new_and_says_which(tmp_path, monkeypatch, capsys):
+    from llmtrain.cli import main
+    from llmtrain.data import encoders, prepare_output
+
+    corpus = write_corpus(tmp_path / "in", files=2, words=300)
+    folder = tmp_path / "shards"
+    args = ["data", "prepare", "--input", str(corpus), "--output", str(folder), "--shard-tokens", "500",
+            "--workers", "1"]
+    assert main(args) == 0
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    capsys.readouterr()
+
+    def interrupted(self, chunks, out):
+        out.write(b"\0" * 64)
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(encoders.ByteEncoder, "write_file", interrupted)
+        assert main(args[:-4] + ["--shard-tokens", "100", "--workers", "1"]) == 130
+    assert capsys.readouterr().err == (f"llmtrain: interrupted: nothing was written ({folder} and its shards are as "
+                                       "they were)\n")
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before and left_over(tmp_path) == []
+
+    # A Ctrl-C during the swap waits for it: the new folder is in place, the old one deleted.
+    def fsync_dir_then_ctrl_c(directory):  # the parent's fsync comes right after the rename
+        if directory == str(tmp_path):
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(prepare_output, "fsync_dir", fsync_dir_then_ctrl_c)
+    assert main(args[:-4] + ["--shard-tokens", "100", "--workers", "1"]) == 130
+    assert capsys.readouterr().err == f"llmtrain: interrupted: {folder} (a shard folder) was written just before it\n"
+    index = json.loads((folder / "index.json").read_text())
+    assert {s["num_tokens"] for s in index["shards"][:-1]} == {100} and left_over(tmp_path) == []
