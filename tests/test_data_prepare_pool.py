@@ -107,6 +107,9 @@ def test_a_shard_folder_is_replaced_whole_and_other_outputs_are_refused(tmp_path
     index = prepare_corpus([str(corpus / "doc000.txt")], str(folder), shard_tokens=100_000)
     assert len(first) > 3 and sorted(os.listdir(folder)) == ["index.json", "shard-00000.bin", "shard-00000.bin.json"]
     assert index["sources"] == 1 and left_over(tmp_path) == []
+    # The old shards are not read as input when the output folder lies in an input folder.
+    index = prepare_corpus([str(tmp_path)], str(folder), shard_tokens=100_000)
+    assert index["sources"] == 3 and index["num_tokens"] == sum(p.stat().st_size for p in corpus.iterdir())
 
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("keep")

@@ -56,6 +56,10 @@ def prepare_tokens(inputs: Sequence[str], output: str, options: PrepareOptions, 
     encoder = make_encoder(options)
     found = expand_inputs(inputs, {output, meta_path(output)}, options.include, options.exclude)
     units, notes = found if isinstance(found, tuple) else (found, [])
+    if sharded:  # an old shard folder inside an --input folder is output, not input
+        units = [unit for unit in units if not unit.path.startswith(output + os.sep)]
+        if not units:
+            raise DataError("--input", f"no files to tokenize outside the output folder {output}")
     sizes = [_size(unit.path) for unit in units]
     workers = min(options.workers, len(units))
     if options.tokenizer is None:
