@@ -27,7 +27,7 @@ def add_prepare_arguments(parser: argparse.ArgumentParser) -> None:
         "--output",
         required=True,
         metavar="FILE",
-        help="token file to write (nanoGPT .bin format); its meta goes to FILE.json",
+        help="token file to write (nanoGPT .bin format); its meta goes to FILE.json (with --shard-tokens: a folder)",
     )
     parser.add_argument(
         "--tokenizer",
