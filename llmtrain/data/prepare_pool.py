@@ -117,7 +117,10 @@ class _WorkerPool:
         while next_yield < len(units):
             while idle and next_send < len(units) and next_send - next_yield < ahead:
                 process, conn = idle.pop()
-                conn.send((units[next_send], _part_path(parts_dir, next_send)))
+                try:
+                    conn.send((units[next_send], _part_path(parts_dir, next_send)))
+                except OSError:  # the worker died while idle
+                    raise _died(process, units[next_send]) from None
                 busy[conn] = busy[process.sentinel] = (process, conn, next_send)
                 next_send += 1
             if next_yield in done:
@@ -134,9 +137,7 @@ class _WorkerPool:
                 except EOFError:
                     message = None
                 if message is None:
-                    process.join(timeout=1)
-                    raise DataError("--workers", f"a worker process died (exit code {process.exitcode}) while "
-                                                 f"tokenizing {units[index].name}; out of memory? try fewer --workers")
+                    raise _died(process, units[index])
                 done[index] = _outcome(message)
                 del busy[conn], busy[process.sentinel]
                 idle.append((process, conn))
@@ -158,6 +159,12 @@ class _WorkerPool:
                 process.kill()
                 process.join()
             conn.close()
+
+
+def _died(process: multiprocessing.Process, unit: InputUnit) -> DataError:
+    process.join(timeout=1)
+    return DataError("--workers", f"a worker process died (exit code {process.exitcode}) while tokenizing "
+                                  f"{unit.name}; out of memory? try fewer --workers")
 
 
 def _outcome(message: tuple) -> UnitResult:
