@@ -218,13 +218,13 @@ def test_summary_reports_documents_notes_and_bad_lines(tmp_path, monkeypatch, ca
         return stats
 
     monkeypatch.setattr(prepare_pool, "tokenize_input", counted)
-    monkeypatch.setattr(prepare_run, "expand_inputs", lambda *a: (real_expand(*a), ["followed 1 symlink"]))
+    monkeypatch.setattr(prepare_run, "expand_inputs", lambda *a: (real_expand(*a)[0], ["followed 1 symlink"]))
     out = tmp_path / "o.bin"
     assert main(["data", "prepare", "--input", str(corpus), "--output", str(out), "--workers", "1"]) == 0
     tokens = out.stat().st_size // 2
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "followed 1 symlink"
-    assert lines[1].startswith(f"wrote {tokens} tokens (uint16, vocab 256, byte-level) from 2 file(s) to {out}: "
+    assert lines[1].startswith(f"wrote {tokens:,} tokens (uint16, vocab 256, byte-level) from 2 file(s) to {out}: "
                                f"4 documents (mean {tokens / 4:.0f} tokens), 0.0 MB in ")
     a = corpus / "doc000.txt"  # the first 3 examples overall
     assert lines[2:] == ["skipped 6 malformed line(s), e.g.:", f"  {a}:4: not valid JSON", f"  {a}:7: not valid JSON",
