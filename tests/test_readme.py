@@ -16,7 +16,7 @@ from llmtrain.cli import build_parser, hydra_flag_error, main
 
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 # Linked from README's "Where to go next", written alongside this one: they may not be here yet.
-PAGES_WRITTEN_ELSEWHERE = {"docs/data.md", "docs/launcher.md", "docs/architecture.md"}
+PAGES_WRITTEN_ELSEWHERE = {"docs/launcher.md", "docs/architecture.md"}
 
 
 def shown_commands() -> list[tuple[str, str]]:
@@ -24,7 +24,7 @@ def shown_commands() -> list[tuple[str, str]]:
     found = []
     for page in PAGES:
         for block in re.findall(r"```bash\n(.*?)```", page.read_text(), re.S):
-            for line in block.splitlines():
+            for line in block.replace("\\\n", " ").splitlines():  # a command continued with a backslash is one
                 for part in line.split("&&"):
                     part = part.strip()
                     if part.startswith(("llmtrain ", "python -m llmtrain ")) or part in ("llmtrain", "python -m llmtrain"):
@@ -69,6 +69,9 @@ def stand_ins(tmp_path_factory):
     for source in ("web", "code"):  # the two sources of the data=mix example
         for suffix in ("", ".json"):
             shutil.copy(cwd / "data" / f"train.bin{suffix}", cwd / "data" / f"{source}.bin{suffix}")
+    # ... and the shard folder the end-to-end example writes
+    assert main(["data", "prepare", "--input", str(cwd / "corpus"), "--output", str(cwd / "data" / "web"),
+                 "--shard-tokens", "20000", "--workers", "1"]) == 0
     return cwd, home
 
 
