@@ -210,7 +210,7 @@ def test_node_env_execs_with_the_resolved_interface(monkeypatch):
 
 
 def test_readme_comma_value_and_list_overrides_compose():
-    readme = (REPO / "README.md").read_text()
+    readme = (REPO / "docs" / "multinode.md").read_text()
     section = readme.split("## Multi-node launch", 1)[1].split("\n## ", 1)[0]
     env_arg = "\"+env.NCCL_DEBUG_SUBSYS='INIT,NET'\""
     extra_arg = "'cluster.sbatch_extra=[\"--exclusive\",\"--constraint=h100\"]'"

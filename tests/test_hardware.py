@@ -70,7 +70,7 @@ def test_every_pattern_names_a_profile_file_and_every_gpu_profile_has_a_pattern(
 
 
 def test_readme_lists_every_profile():
-    row = next(line for line in (REPO / "README.md").read_text().splitlines() if line.startswith("| `hardware` |"))
+    row = next(line for line in (REPO / "docs" / "configs.md").read_text().splitlines() if line.startswith("| `hardware` |"))
     options = row.split("|")[2]
     assert sorted(re.findall(r"`([a-z0-9-]+)`", options)) == sorted(["auto", "cpu", *GPU_PROFILE_NAMES])
 

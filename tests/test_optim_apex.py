@@ -165,7 +165,7 @@ def test_fused_apex_without_apex_says_how_to_build_it(tmp_path):
     assert result.stderr == (
         "llmtrain: error: optim.fused: NVIDIA apex is not installed (it is not on PyPI); optim.fused=apex needs its "
         "CUDA extensions amp_C and fused_layer_norm_cuda: git clone https://github.com/NVIDIA/apex && cd apex && "
-        "APEX_CUDA_EXT=1 pip install -v --no-build-isolation . (README, 'Fused AdamW and NVIDIA apex': a build of "
+        "APEX_CUDA_EXT=1 pip install -v --no-build-isolation . (docs/parallelism.md, 'Fused AdamW and NVIDIA apex': a build of "
         "just these two); or use optim.fused=auto (torch's fused AdamW on CUDA, no build)\n")
     assert not (tmp_path / "r").exists()
 

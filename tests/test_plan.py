@@ -160,7 +160,7 @@ def test_saved_activations_per_recompute_mode_match_the_plan(arch):
 
 
 def test_readme_llama_plan_excerpt_is_what_the_command_prints():
-    readme = (REPO / "README.md").read_text()
+    readme = (REPO / "docs" / "planning.md").read_text()
     command = next(ln for ln in readme.splitlines() if ln.startswith("llmtrain plan model=llama3-8b"))
     excerpt = readme.split("The last command above prints", 1)[1].split("```\n", 2)[1]
     result = run_cli(command.split()[1:])

@@ -20,8 +20,8 @@ from llmtrain.config.errors import ConfigError
 
 APEX_EXTENSIONS = ("amp_C", "fused_layer_norm_cuda")  # FusedAdam's and FusedLayerNorm's kernels
 APEX_BUILD = ("git clone https://github.com/NVIDIA/apex && cd apex && APEX_CUDA_EXT=1 pip install -v "
-              "--no-build-isolation . (README, 'Fused AdamW and NVIDIA apex': a build of just these two); or use "
-              "optim.fused=auto (torch's fused AdamW on CUDA, no build)")
+              "--no-build-isolation . (docs/parallelism.md, 'Fused AdamW and NVIDIA apex': a build of just these "
+              "two); or use optim.fused=auto (torch's fused AdamW on CUDA, no build)")
 APEX_INSTALL = ("NVIDIA apex is not installed (it is not on PyPI); optim.fused=apex needs its CUDA extensions "
                 f"{' and '.join(APEX_EXTENSIONS)}: {APEX_BUILD}")
 FP8_INSTALL = ("fp8 needs torchao (its float8 training), which is not installed: pip install 'llmtrain[fp8]' "

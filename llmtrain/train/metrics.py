@@ -10,6 +10,8 @@ import os
 
 from llmtrain.rundir.metrics_file import encode_row, keep_rows_until
 
+from llmtrain.train.trackers.base import scalars
+
 
 class MetricsWriter:
     def __init__(self, path: str | None, keep_until_step: int = 0, tensorboard_dir: str | None = None,
@@ -38,9 +40,7 @@ class MetricsWriter:
         self.file.write(line)
         os.fsync(self.file.fileno())
         if self.tensorboard is not None:
-            prefix = "val/" if "val_loss" in row else "train/"
-            self.tensorboard.add_scalars(row["step"], {prefix + k.replace("val_", ""): v for k, v in row.items()
-                                                       if k != "step"})
+            self.tensorboard.add_scalars(row["step"], scalars(row))
             self.tensorboard.flush()
         if self.trackers is not None:
             self.trackers.log(clean)
