@@ -84,7 +84,8 @@ def test_the_pages_show_commands():
 
 @pytest.mark.parametrize("page,command", COMMANDS, ids=[f"{p}:{c[:60]}" for p, c in COMMANDS])
 def test_shown_command_parses_composes_and_runs(page, command, stand_ins, monkeypatch, capsys):
-    from llmtrain.config import builtin_config_dir, compose_config
+    from llmtrain.config import builtin_config_dir
+    from llmtrain.launch.config_probes import compose_here
     from llmtrain.sweep.expand import expand
 
     cwd, home = stand_ins
@@ -102,9 +103,9 @@ def test_shown_command_parses_composes_and_runs(page, command, stand_ins, monkey
             combinations = expand(args.overrides, dirs)
             assert len(combinations) >= 2, command
             for combination in combinations:
-                compose_config(combination.overrides, args.config_dir)
+                compose_here(combination.overrides, args.config_dir)
         else:
-            compose_config(args.overrides, args.config_dir)
+            compose_here(args.overrides, args.config_dir)
     reason = skip_reason(argv)
     if reason:
         pytest.skip(f"parsed and composed; not run here: {reason}")
