@@ -306,10 +306,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _compose(args):
-    from llmtrain.config import compose_config, validate
+    from llmtrain.launch.config_probes import compose_here, validate_here
 
-    cfg = compose_config(args.overrides, args.config_dir)
-    validate(cfg)
+    cfg = compose_here(args.overrides, args.config_dir)
+    validate_here(cfg)
     return cfg
 
 

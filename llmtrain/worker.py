@@ -61,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import torch.distributed as dist
 
-    from llmtrain.config import load_run_config, validate
+    from llmtrain.config import load_run_config
+    from llmtrain.launch.config_probes import validate_here
     from llmtrain.train.preemption import Preempted
     from llmtrain.train.device import resolve_device
     from llmtrain.train.trainer import Trainer
@@ -69,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_run_config(os.path.join(run_dir, "config.yaml"))
         # The launcher validated it on its node; this node may lack what it found there (a package, a file).
-        validate(cfg)
+        validate_here(cfg)
         torch.manual_seed(cfg.train.seed)
         device = resolve_device(cfg.device, int(os.environ.get("LOCAL_RANK", 0)))
         init_process_group(device.type, cfg.launch.pg_timeout_s)

@@ -36,7 +36,8 @@ def build_trainer(a, run_dir: str):
     import torch
     import torch.distributed as dist
 
-    from llmtrain.config import compose_config, validate
+    from llmtrain.config import compose_config
+    from llmtrain.launch.config_probes import validate_here
     from llmtrain.train.device import resolve_device
     from llmtrain.train.trainer import Trainer
 
@@ -44,7 +45,7 @@ def build_trainer(a, run_dir: str):
                           "train.global_batch_size=1", "train.max_steps=1000", f"device={a.device}",
                           "data=synthetic", "cluster.nproc_per_node=1", "checkpoint.resume=none",
                           "checkpoint.keep=1", f"run.dir={run_dir}", *a.overrides])
-    validate(cfg)
+    validate_here(cfg)
     torch.manual_seed(cfg.train.seed)
     os.makedirs(run_dir, exist_ok=True)
     device = resolve_device(a.device, 0)

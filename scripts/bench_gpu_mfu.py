@@ -55,9 +55,9 @@ def main() -> int:
         return 1
 
     from llmtrain.config import ConfigError, compose_config
-    from llmtrain.plan.cli import load_profile
+    from llmtrain.hardware.profiles import load_profile
     from llmtrain.plan.estimate import flops_per_token, stage_params
-    from llmtrain.plan.hardware import resolve
+    from llmtrain.hardware.profiles import resolve
 
     ov = [f"model={a.model}", "precision=bf16", "cluster.nproc_per_node=1", "device=cuda", "data=synthetic",
           f"model.seq_len={a.seq}", f"train.micro_batch_size={a.micro}", f"train.global_batch_size={a.global_batch}",

@@ -11,7 +11,7 @@ LLAMA_STEPS = 15
 
 def part_llama(p: Part) -> tuple[str, str]:
     from llmtrain.config import compose_config
-    from llmtrain.config.fp8 import fp8_problem
+    from llmtrain.launch.config_probes import fp8_problem
 
     s = p.sizes
     gpu = s.device == "cuda"

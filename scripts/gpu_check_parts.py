@@ -124,7 +124,7 @@ class Part:
 
 
 def train_rows(run_dir: Path) -> list[dict]:
-    from llmtrain.train.metrics import read_metrics
+    from llmtrain.rundir.metrics_file import read_metrics
 
     return [r for r in read_metrics(str(run_dir / "metrics.jsonl")) if "loss" in r]
 
@@ -154,11 +154,12 @@ def size(n: float) -> str:
 
 def planned_peak(overrides: list[str]) -> float:
     """`llmtrain plan`'s peak per rank for these overrides (the same functions the CLI runs)."""
-    from llmtrain.config import compose_config, validate
+    from llmtrain.config import compose_config
+    from llmtrain.launch.config_probes import validate_here
     from llmtrain.plan.cli import plan_for
 
     cfg = compose_config(overrides)
-    validate(cfg)
+    validate_here(cfg)
     return plan_for(cfg).peak_bytes_per_rank
 
 
@@ -301,7 +302,7 @@ def part_async_save(p: Part) -> tuple[str, str]:
 
 
 def part_apex(p: Part) -> tuple[str, str]:
-    from llmtrain.config.validate import apex_missing
+    from llmtrain.launch.config_probes import apex_missing
 
     s = p.sizes
     missing = apex_missing() if s.device == "cuda" else "apex needs CUDA"
@@ -318,7 +319,7 @@ def part_fp8(p: Part) -> tuple[str, str]:
     """gpt-1.3b with train.compile=true in bf16 and in fp8: tokens/s, and the two runs' losses compared by
     llmtrain's own comparison (`llmtrain compare`, and its divergence function for the figures)."""
     from llmtrain.config import compose_config
-    from llmtrain.config.fp8 import fp8_problem
+    from llmtrain.launch.config_probes import fp8_problem
     from llmtrain.report.compare import divergence, load_runs
 
     s = p.sizes

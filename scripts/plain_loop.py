@@ -103,10 +103,11 @@ def main() -> int:
     if not 0 <= a.skip < a.steps:
         p.error("need 0 <= --skip < --steps")
 
-    from llmtrain.config import compose_config, validate
+    from llmtrain.config import compose_config
+    from llmtrain.launch.config_probes import validate_here
 
     cfg = compose_config(a.overrides)
-    validate(cfg)
+    validate_here(cfg)
     result = train(cfg, a.steps, fused=not a.no_fused)
     tokens = cfg.train.global_batch_size * cfg.model.seq_len
     median = statistics.median(result["step_times"][a.skip:])

@@ -22,7 +22,8 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from llmtrain.cli import main
-from llmtrain.config import compose_config, validate
+from llmtrain.config import compose_config
+from llmtrain.launch.config_probes import validate_here
 
 TINY = ["data=synthetic", "model.n_layers=2", "model.d_model=32", "model.n_heads=2", "model.seq_len=32",
         "train.micro_batch_size=4", "train.global_batch_size=4", "train.log_interval=1", "train.eval_interval=0",
@@ -35,7 +36,7 @@ def train(run_dir: Path, rank: int = 0, world: int = 1, overrides: tuple[str, ..
     from llmtrain.train.trainer import Trainer
 
     cfg = compose_config([*TINY, f"run.dir={run_dir}", f"cluster.nproc_per_node={world}", *overrides])
-    validate(cfg)
+    validate_here(cfg)
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1)}
     dist.init_process_group("gloo", init_method=f"file://{run_dir}/pg-store", rank=rank, world_size=world)
     try:

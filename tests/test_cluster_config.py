@@ -15,9 +15,9 @@ from conftest import REPO
 from rich.console import Console
 
 from llmtrain.cli import main
-from llmtrain.config import ConfigError, compose_config, validate
-from llmtrain.launch.backends import slurm
-from llmtrain.launch.backends import ssh
+from llmtrain.config import ConfigError
+from llmtrain.launch.backends import slurm, ssh
+from llmtrain.launch.config_probes import compose_here, validate_here
 from llmtrain.launch.hostfile import cluster_hosts
 from llmtrain.launch.backends.slurm import SlurmBackend
 from llmtrain.slurm.show_output import parse_text
@@ -103,9 +103,9 @@ class FakeMonitor:
 
 
 def slurm_cfg(*overrides: str):
-    cfg = compose_config(["cluster=slurm", "device=cpu", "cluster.nnodes=2", "cluster.nproc_per_node=1",
+    cfg = compose_here(["cluster=slurm", "device=cpu", "cluster.nnodes=2", "cluster.nproc_per_node=1",
                           *overrides])
-    validate(cfg)
+    validate_here(cfg)
     return cfg
 
 
@@ -120,7 +120,7 @@ def fake(monkeypatch):
 
 # ------------------------------------------------------------------------------------------------ Slurm script
 def test_slurm_port_is_one_per_job_unless_set():
-    assert compose_config(["cluster=slurm"]).cluster.master_port == 0
+    assert compose_here(["cluster=slurm"]).cluster.master_port == 0
     script = SlurmBackend(slurm_cfg(), "/tmp/r").script()
     assert "\nport=$((20000 + SLURM_JOB_ID % 20000))\n" in script
     assert '"--rdzv-endpoint=${head}:${port}"' in script
@@ -183,7 +183,7 @@ def test_dry_run_shows_setup_lines(capsys):
 
 @pytest.mark.parametrize("preset", ["ethernet", "infiniband", "roce"])
 def test_network_presets_set_gloo_interface_with_nccl(preset):
-    env = compose_config([f"network={preset}"]).network.env
+    env = compose_here([f"network={preset}"]).network.env
     assert env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"]
 
 
@@ -211,7 +211,7 @@ def test_node_env_execs_with_the_resolved_interface(monkeypatch):
 
 
 def test_readme_comma_value_and_list_overrides_compose():
-    readme = (REPO / "README.md").read_text()
+    readme = (REPO / "docs" / "multinode.md").read_text()
     section = readme.split("## Multi-node launch", 1)[1].split("\n## ", 1)[0]
     env_arg = "\"+env.NCCL_DEBUG_SUBSYS='INIT,NET'\""
     extra_arg = "'cluster.sbatch_extra=[\"--exclusive\",\"--constraint=h100\"]'"
@@ -232,9 +232,9 @@ def hostfile(tmp_path: Path, text: str) -> Path:
 
 
 def ssh_cfg(tmp_path: Path, hosts: str, *overrides: str):
-    cfg = compose_config(["cluster=ssh", f"cluster.hostfile={hostfile(tmp_path, hosts)}", "device=cpu",
+    cfg = compose_here(["cluster=ssh", f"cluster.hostfile={hostfile(tmp_path, hosts)}", "device=cpu",
                           f"run.dir={tmp_path / 'run'}", *overrides])
-    validate(cfg)
+    validate_here(cfg)
     return cfg
 
 

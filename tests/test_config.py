@@ -8,12 +8,13 @@ import pytest
 from omegaconf import OmegaConf
 
 from llmtrain.cli import main
-from llmtrain.config import ConfigError, compose_config, validate
+from llmtrain.config import ConfigError, compose_config
+from llmtrain.launch.config_probes import validate_here
 
 
 def compose(*overrides, config_dirs=()):
     cfg = compose_config(list(overrides), config_dirs)
-    validate(cfg)
+    validate_here(cfg)
     return cfg
 
 
@@ -213,7 +214,7 @@ def test_every_field_with_fixed_values_is_checked_against_the_schema():
         cfg = compose_config([])
         OmegaConf.update(cfg, key, bad, merge=False)
         with pytest.raises(ConfigError) as e:
-            validate(cfg)
+            validate_here(cfg)
         shown = ", ".join(str(a) for a in allowed if a is not None)
         assert str(e.value) == f"{key}: must be one of {shown} (got {bad})", key
 

@@ -20,9 +20,10 @@ import pytest
 from conftest import run_cli
 
 from llmtrain.cli import main
-from llmtrain.config import ConfigError, compose_config, validate
+from llmtrain.config import ConfigError
 from llmtrain.launch.backends.slurm import SlurmBackend
 from llmtrain.launch.backends.ssh import SSHBackend
+from llmtrain.launch.config_probes import compose_here, validate_here
 
 PYXIS_IMAGE = "nvcr.io#nvidia/pytorch:24.05-py3"
 SIF = "/shared/images/pytorch.sif"
@@ -31,8 +32,8 @@ SETUP_SCRIPT = ("eval 'export A=1' </dev/null || { echo 'llmtrain: node set-up f
 
 
 def cfg_of(*overrides: str):
-    cfg = compose_config(list(overrides))
-    validate(cfg)
+    cfg = compose_here(list(overrides))
+    validate_here(cfg)
     return cfg
 
 

@@ -19,9 +19,10 @@ from conftest import run_cli
 from torch import nn
 
 from llmtrain.cli import main
-from llmtrain.config import ConfigError, compose_config, validate
+from llmtrain.config import ConfigError, compose_config
+from llmtrain.launch.config_probes import validate_here
 from llmtrain.model import GPT, GPTArgs, init_parameters
-from llmtrain.plan import hardware
+from llmtrain.hardware import profiles as hardware
 
 NEEDS = ("precision: fp8 needs float8 tensor cores (an NVIDIA GPU of compute capability 8.9 or newer: Ada, Hopper, "
          "Blackwell; or an AMD MI300X), and ")
@@ -127,7 +128,7 @@ def trainer(run_dir, *overrides: str, check: bool = True):
 
     cfg = compose_config([*TINY, f"run.dir={run_dir}", *overrides])
     if check:
-        validate(cfg)
+        validate_here(cfg)
     return Trainer(cfg, str(run_dir), torch.device("cpu"))
 
 
@@ -312,7 +313,7 @@ def plan(*overrides: str):
     from llmtrain.plan.cli import plan_for
 
     cfg = compose_config(["model=gpt-1.3b", "hardware=h100", "train.micro_batch_size=4", *overrides])
-    validate(cfg)
+    validate_here(cfg)
     return cfg, plan_for(cfg)
 
 
@@ -417,7 +418,7 @@ def _run_rank(rank: int, world: int, overrides: list[str], run_dir: str) -> None
     from llmtrain.train.trainer import Trainer
 
     cfg = compose_config([*TINY, f"run.dir={run_dir}", f"cluster.nproc_per_node={world}", *overrides])
-    validate(cfg)
+    validate_here(cfg)
     dist.init_process_group("gloo", init_method=f"file://{run_dir}/pg-store", rank=rank, world_size=world)
     Trainer(cfg, run_dir, torch.device("cpu")).train()
     dist.destroy_process_group()

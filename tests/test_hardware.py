@@ -8,10 +8,13 @@ import re
 import pytest
 from conftest import REPO, run_cli
 
-from llmtrain.config import ConfigError, compose_config, validate
-from llmtrain.plan import hardware
-from llmtrain.plan.cli import load_profile, plan_for
-from llmtrain.plan.gpu_names import GPU_PROFILES, profile_for
+from llmtrain.config import ConfigError, compose_config
+from llmtrain.launch.config_probes import validate_here
+from llmtrain.config import hardware_keys
+from llmtrain.hardware import profiles as hardware
+from llmtrain.hardware.profiles import load_profile
+from llmtrain.plan.cli import plan_for
+from llmtrain.hardware.gpu_names import GPU_PROFILES, profile_for
 
 PROFILE_DIR = REPO / "configs" / "hardware"
 GPU_PROFILE_NAMES = sorted(p.stem for p in PROFILE_DIR.glob("*.yaml") if p.stem not in ("auto", "cpu"))
@@ -67,7 +70,7 @@ def test_every_pattern_names_a_profile_file_and_every_gpu_profile_has_a_pattern(
 
 
 def test_readme_lists_every_profile():
-    row = next(line for line in (REPO / "README.md").read_text().splitlines() if line.startswith("| `hardware` |"))
+    row = next(line for line in (REPO / "docs" / "configs.md").read_text().splitlines() if line.startswith("| `hardware` |"))
     options = row.split("|")[2]
     assert sorted(re.findall(r"`([a-z0-9-]+)`", options)) == sorted(["auto", "cpu", *GPU_PROFILE_NAMES])
 
@@ -77,7 +80,7 @@ def test_gpu_profiles_are_complete_and_validate(name):
     profile = load_profile(name)
     assert profile.name == name
     peaks = dict(profile.peak_tflops)
-    assert set(peaks) <= set(hardware.PEAK_DTYPES)
+    assert set(peaks) <= set(hardware_keys.PEAK_DTYPES)
     assert {"float32", "float16"} <= set(peaks) and all(v > 0 for v in peaks.values())
     # A faster format never has a lower peak: catches a sparse figure or a slipped digit.
     order = [peaks[d] for d in ("float32", "tfloat32", "float16", "float8") if d in peaks]
@@ -85,13 +88,13 @@ def test_gpu_profiles_are_complete_and_validate(name):
     assert profile.memory_gib > 0 and profile.intra_node_gbs > 0 and profile.inter_node_gbs > 0
     amd = name.startswith("mi")
     assert (profile.compute_capability is None) == amd
-    validate(compose_config([f"hardware={name}", "precision=fp16"]))
+    validate_here(compose_config([f"hardware={name}", "precision=fp16"]))
 
 
 def test_datasheet_peaks_and_capabilities():
     def row(name):
         p = load_profile(name)
-        return dict(p.peak_tflops), hardware.parse_capability(p.compute_capability), p.memory_gib
+        return dict(p.peak_tflops), hardware_keys.parse_capability(p.compute_capability), p.memory_gib
 
     assert row("h100") == ({"float32": 67.0, "tfloat32": 494.5, "bfloat16": 989.0, "float16": 989.0,
                             "float8": 1979.0}, (9, 0), 80)
@@ -114,24 +117,24 @@ def test_profile_compute_capability(overrides, capability):
 
 def test_bad_hardware_keys_are_one_line_errors():
     with pytest.raises(ConfigError) as e:
-        validate(compose_config(["+hardware.peak_tflops.bf16=400"]))
+        validate_here(compose_config(["+hardware.peak_tflops.bf16=400"]))
     assert str(e.value) == ("hardware.peak_tflops.bf16: unknown dtype 'bf16' (choose from float32, tfloat32, "
                             "bfloat16, float16, float8)")
     with pytest.raises(ConfigError) as e:
-        validate(compose_config(["hardware=h100", "hardware.peak_tflops.bfloat16=0"]))
+        validate_here(compose_config(["hardware=h100", "hardware.peak_tflops.bfloat16=0"]))
     assert str(e.value) == "hardware.peak_tflops.bfloat16: must be > 0 (got 0.0)"
     with pytest.raises(ConfigError) as e:
-        validate(compose_config(["hardware=h100", "hardware.compute_capability=sm90"]))
+        validate_here(compose_config(["hardware=h100", "hardware.compute_capability=sm90"]))
     assert str(e.value) == "hardware.compute_capability: must be 'major.minor' such as \"9.0\", or null (got sm90)"
 
 
 @pytest.mark.parametrize("gpu", ["v100", "t4"])
 def test_bf16_on_a_gpu_without_it_is_refused_before_launch(gpu):
     with pytest.raises(ConfigError) as e:
-        validate(compose_config([f"hardware={gpu}", "precision=bf16"]))
+        validate_here(compose_config([f"hardware={gpu}", "precision=bf16"]))
     assert e.value.key == "precision"
     assert str(e.value) == f"precision: hardware={gpu} has no bf16; use precision=fp16"
-    validate(compose_config([f"hardware={gpu}", "precision=fp16"]))
+    validate_here(compose_config([f"hardware={gpu}", "precision=fp16"]))
 
 
 def test_plan_refuses_bf16_on_t4_in_one_line_exit_2():
@@ -206,7 +209,7 @@ def _trainer(overrides, run_dir):
     from llmtrain.train.trainer import Trainer
 
     cfg = compose_config([*TINY, *overrides])
-    validate(cfg)
+    validate_here(cfg)
     return Trainer(cfg, str(run_dir), torch.device("cpu"))
 
 

@@ -18,7 +18,8 @@ import torch
 from conftest import SMALL, launch, run_cli
 
 from llmtrain.checkpoint import store
-from llmtrain.train.metrics import MetricsWriter, keep_rows_until, read_metrics
+from llmtrain.rundir.metrics_file import keep_rows_until, read_metrics
+from llmtrain.train.metrics import MetricsWriter
 
 BASE = SMALL + ["data=synthetic", "train.global_batch_size=8", "train.micro_batch_size=2"]
 

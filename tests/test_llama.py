@@ -156,10 +156,10 @@ FP8_H100 = ["model=llama-tiny", "precision=fp8", "hardware=h100", "device=cuda"]
 
 
 def test_fp8_validation_accepts_llama_and_checks_its_key_value_and_mlp_widths(capsys):
-    from llmtrain.config import validate
+    from llmtrain.launch.config_probes import validate_here
 
     pytest.importorskip("torchao")
-    validate(compose_config(FP8_H100))  # widths 128, 128, 64 (kv), 352 (SwiGLU)
+    validate_here(compose_config(FP8_H100))  # widths 128, 128, 64 (kv), 352 (SwiGLU)
     prefix = "precision: fp8's float8 matmuls take only dimensions that are multiples of 16, and "
     assert refusal(capsys, *FP8_H100, "model.head_dim=8", "model.n_kv_heads=1").startswith(
         prefix + "the key/value width (n_kv_heads x head_dim) is 8;")

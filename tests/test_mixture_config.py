@@ -13,7 +13,8 @@ from omegaconf import OmegaConf
 
 from llmtrain.checkpoint.diff import describe_change
 from llmtrain.cli import main
-from llmtrain.config import ConfigError, compose_config, validate
+from llmtrain.config import ConfigError, compose_config
+from llmtrain.launch.config_probes import validate_here
 from llmtrain.data.identity import data_changes, data_identity
 from llmtrain.data.mixture_config import source_names
 from llmtrain.launch.container import own_paths
@@ -52,7 +53,7 @@ def sources(*entries: str) -> str:
 
 def mix(*overrides: str):
     cfg = compose_config(["data=mix", "model=gpt-tiny", "train.max_steps=10", *overrides])
-    validate(cfg)
+    validate_here(cfg)
     return cfg
 
 
@@ -68,7 +69,7 @@ def test_source_names_are_the_name_else_the_stem():
 
 
 def test_a_valid_mixture_of_uint16_and_uint32_sources(data):
-    from llmtrain.config.mixture_checks import check_mixture
+    from llmtrain.data.mixture_checks import check_mixture
 
     cfg = mix(sources(f"{{path: {data['web']}, weight: 0.7}}", f"{{path: {data['code']}, weight: 0.35}}"))
     checked = check_mixture(cfg)

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from conftest import SMALL, run_cli
 
-from llmtrain.config import ConfigError, compose_config, validate
+from llmtrain.config import ConfigError, compose_config
+from llmtrain.launch.config_probes import validate_here
 from llmtrain.train.optim import resolve_fused
 
 ONE_PROCESS = [*SMALL, "data=synthetic", "hardware=cpu", "cluster.nproc_per_node=1", "train.global_batch_size=4",
@@ -97,7 +98,7 @@ def stand_in_apex(tmp_path, monkeypatch):
 
 def config_error(*overrides: str) -> str:
     with pytest.raises(ConfigError) as e:
-        validate(compose_config(list(overrides)))
+        validate_here(compose_config(list(overrides)))
     return str(e.value)
 
 
@@ -164,7 +165,7 @@ def test_fused_apex_without_apex_says_how_to_build_it(tmp_path):
     assert result.stderr == (
         "llmtrain: error: optim.fused: NVIDIA apex is not installed (it is not on PyPI); optim.fused=apex needs its "
         "CUDA extensions amp_C and fused_layer_norm_cuda: git clone https://github.com/NVIDIA/apex && cd apex && "
-        "APEX_CUDA_EXT=1 pip install -v --no-build-isolation . (README, 'Fused AdamW and NVIDIA apex': a build of "
+        "APEX_CUDA_EXT=1 pip install -v --no-build-isolation . (docs/parallelism.md, 'Fused AdamW and NVIDIA apex': a build of "
         "just these two); or use optim.fused=auto (torch's fused AdamW on CUDA, no build)\n")
     assert not (tmp_path / "r").exists()
 
@@ -189,7 +190,7 @@ def test_apex_refuses_layouts_with_dtensor_parameters_before_asking_for_apex(lay
 
 def test_apex_with_pipeline_stages_passes_validation(stand_in_apex):
     stand_in_apex()
-    validate(compose_config(["optim.fused=apex", "parallel.pp=2"]))
+    validate_here(compose_config(["optim.fused=apex", "parallel.pp=2"]))
 
 
 # ---- training in this process (one rank) -------------------------------------------------------------------------
@@ -213,7 +214,7 @@ def train(run_dir: Path, *overrides: str):
     from llmtrain.train.trainer import Trainer
 
     cfg = compose_config([*ONE_PROCESS, f"run.dir={run_dir}", *overrides])
-    validate(cfg)
+    validate_here(cfg)
     run_dir.mkdir()
     torch.manual_seed(cfg.train.seed)
     trainer = Trainer(cfg, str(run_dir), torch.device("cpu"))

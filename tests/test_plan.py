@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 from conftest import REPO, run_cli
 
-from llmtrain.config import compose_config, validate
+from llmtrain.config import compose_config
+from llmtrain.launch.config_probes import validate_here
 from llmtrain.model import build_model, init_parameters
 from llmtrain.parallel import pipeline as pp_lib
 from llmtrain.parallel.recompute import apply_recompute
@@ -103,7 +104,7 @@ def test_suggest_ranks_layouts_that_fit():
         cfg = compose_config(["model=gpt-13b", f"parallel.tp={d['tp']}", f"parallel.pp={d['pp']}",
                               f"parallel.zero={d['zero']}", "cluster.nproc_per_node=8", "cluster.nnodes=2",
                               "train.micro_batch_size=1", "train.global_batch_size=64"])
-        validate(cfg)
+        validate_here(cfg)
 
 
 @pytest.mark.parametrize("overrides", [["model=gpt-tiny"], ["model=llama-tiny"],
@@ -159,7 +160,7 @@ def test_saved_activations_per_recompute_mode_match_the_plan(arch):
 
 
 def test_readme_llama_plan_excerpt_is_what_the_command_prints():
-    readme = (REPO / "README.md").read_text()
+    readme = (REPO / "docs" / "planning.md").read_text()
     command = next(ln for ln in readme.splitlines() if ln.startswith("llmtrain plan model=llama3-8b"))
     excerpt = readme.split("The last command above prints", 1)[1].split("```\n", 2)[1]
     result = run_cli(command.split()[1:])

@@ -7,7 +7,8 @@ import json
 import pytest
 from conftest import run_cli
 
-from llmtrain.config import compose_config, validate
+from llmtrain.config import compose_config
+from llmtrain.launch.config_probes import validate_here
 from llmtrain.plan.cli import plan_for
 
 GIB = 2**30
@@ -33,7 +34,7 @@ POINTS = {
 def planned(overrides: list[str]):
     """What `llmtrain plan` computes: compose, validate, plan_for."""
     cfg = compose_config(overrides)
-    validate(cfg)
+    validate_here(cfg)
     return plan_for(cfg)
 
 

@@ -336,7 +336,7 @@ def test_init_from_hf_llama_under_tp2_starts_from_its_weights(hf_llama, tmp_path
         assert not torch.equal(trained(ids), model(ids))  # one step was taken
 
 
-# ---- the README's command against a folder shaped like Meta's Llama 3.2 1B ------------------------------------
+# ---- docs/models.md's command against a folder shaped like Meta's Llama 3.2 1B ------------------------------------
 
 # config.json of meta-llama/Llama-3.2-1B as published.
 LLAMA32_1B = {
@@ -381,7 +381,7 @@ def llama32_1b_folder(folder: Path) -> None:
 
 
 def test_readme_continue_pretraining_command_passes_the_check(tmp_path, capsys, monkeypatch):
-    """The README's `llmtrain launch model=llama3-1b model.init_from=Llama-3.2-1B ...` (as a dry run) against a
+    """docs/models.md's `llmtrain launch model=llama3-1b model.init_from=Llama-3.2-1B ...` (as a dry run) against a
     folder with Llama 3.2 1B's published config.json and tensor names and shapes: llama3-1b matches it."""
     import re
     import shlex
@@ -396,7 +396,7 @@ def test_readme_continue_pretraining_command_passes_the_check(tmp_path, capsys, 
         f.truncate(4 * tokens)
     (tmp_path / "data" / "llama.bin.json").write_text(json.dumps(
         {"format": "llmtrain-tokens-v1", "dtype": "uint32", "vocab_size": 128256, "num_tokens": tokens}))
-    readme = (REPO / "README.md").read_text()
+    readme = (REPO / "docs" / "models.md").read_text()
     commands = [ln.strip() for ln in re.findall(r"^llmtrain launch .*model\.init_from=.*$", readme, re.M)]
     assert len(commands) == 1
     monkeypatch.chdir(tmp_path)
@@ -411,7 +411,7 @@ def test_readme_continue_pretraining_command_passes_the_check(tmp_path, capsys, 
     assert line == "llmtrain: model.init_from: loaded 146 tensors (1,235,814,400 parameters) from Llama-3.2-1B " \
                    "(HF Llama)"
     assert f"`{line}`" in readme
-    # The README's example refusals, as they are.
+    # docs/models.md's example refusals, as they are.
     for override in ("model.n_kv_heads=32", "model.rope_theta=10000"):
         assert main(["launch", "--dry-run", *args[1:], "launch.max_memory_ratio=null", override]) == 2
         err = capsys.readouterr().err.strip()

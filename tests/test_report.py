@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from llmtrain.config import ConfigError, compose_config, to_yaml, validate
+from llmtrain.config import ConfigError, compose_config, to_yaml
+from llmtrain.launch.config_probes import validate_here
 from llmtrain.report.run_report import add_report_arguments, run_report
-from llmtrain.report.tensorboard import TensorBoardWriter
+from llmtrain.train.trackers.tensorboard import TensorBoardWriter
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 MISSING = ("needs the tensorboard package, which is not installed: pip install 'llmtrain[tensorboard]' "
@@ -98,9 +99,9 @@ def test_missing_tensorboard_names_the_extra(tmp_path, no_tensorboard):
 def test_missing_tensorboard_fails_validation_before_launch(tmp_path, capsys, no_tensorboard):
     from llmtrain.cli import main
 
-    validate(compose_config(["logging.tensorboard=false"]))  # not asked for: nothing needed
+    validate_here(compose_config(["logging.tensorboard=false"]))  # not asked for: nothing needed
     with pytest.raises(ConfigError) as info:
-        validate(compose_config(["logging.tensorboard=true"]))
+        validate_here(compose_config(["logging.tensorboard=true"]))
     assert info.value.key == "logging.tensorboard" and info.value.message == MISSING
     assert main(["launch", "--dry-run", "logging.tensorboard=true", f"run.dir={tmp_path / 'run'}"]) == 2
     captured = capsys.readouterr()

@@ -19,7 +19,8 @@ from conftest import REPO, SMALL, read_rows, run_cli, wait_for, worker_processes
 from omegaconf import OmegaConf
 from rich.console import Console
 
-from llmtrain.config import ConfigError, compose_config, validate
+from llmtrain.config import ConfigError, compose_config
+from llmtrain.launch.config_probes import validate_here
 from llmtrain.data import DataError, build_dataset
 from llmtrain.launch import preflight
 from llmtrain.launch.supervision.failures import report_failure
@@ -121,7 +122,7 @@ def _memory_for(cfg, ratio: float):
 
 def test_plan_over_memory_warns_below_the_margin_and_is_refused_over_it(monkeypatch, capsys):
     cfg = compose_config(["data=synthetic"], [])
-    validate(cfg)
+    validate_here(cfg)
     peak = preflight.planned_peak_bytes(cfg)
     monkeypatch.setattr(preflight, "node_memory", _memory_for(cfg, 1.25))
     preflight.warn_memory_fit(cfg)

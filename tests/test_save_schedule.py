@@ -57,8 +57,9 @@ def test_the_save_vote_rides_on_the_preemption_all_reduce(one_rank):
 
 
 def test_negative_interval_minutes_is_refused_naming_the_key():
-    from llmtrain.config import ConfigError, validate
+    from llmtrain.config import ConfigError
+    from llmtrain.launch.config_probes import validate_here
 
     with pytest.raises(ConfigError) as e:
-        validate(compose_config(["checkpoint.interval_minutes=-1"]))
+        validate_here(compose_config(["checkpoint.interval_minutes=-1"]))
     assert e.value.key == "checkpoint.interval_minutes" and "must be >= 0 (got -1.0)" in str(e.value)

@@ -12,7 +12,8 @@ import pytest
 import yaml
 from conftest import SMALL, read_rows, run_cli
 
-from llmtrain.config import ConfigError, compose_config, validate
+from llmtrain.config import ConfigError, compose_config
+from llmtrain.launch.config_probes import validate_here
 from llmtrain.train.metrics import MetricsWriter
 from llmtrain.train.trackers import requirements
 from llmtrain.train.trackers.base import Tracker, scalars
@@ -349,9 +350,9 @@ def test_missing_package_is_one_line_exit_2_before_launch(package, tmp_path, cap
 
     real = extras.find_spec
     monkeypatch.setattr(extras, "find_spec", lambda name: None if name == package else real(name))
-    validate(compose_config([f"logging.{package}=false"]))  # not asked for: nothing needed
+    validate_here(compose_config([f"logging.{package}=false"]))  # not asked for: nothing needed
     with pytest.raises(ConfigError) as info:
-        validate(compose_config([f"logging.{package}=true"]))
+        validate_here(compose_config([f"logging.{package}=true"]))
     assert (info.value.key, info.value.message) == (f"logging.{package}", _missing(package))
     assert main(["launch", "--dry-run", f"logging.{package}=true", f"run.dir={tmp_path / 'run'}"]) == 2
     captured = capsys.readouterr()
@@ -363,4 +364,4 @@ def test_missing_package_is_one_line_exit_2_before_launch(package, tmp_path, cap
 def test_installed_package_passes_validation(package):
     pytest.importorskip(package, reason=f"the {package} extra is not installed")
     assert requirements.tracker_missing(f"logging.{package}") is None
-    validate(compose_config([f"logging.{package}=true"]))
+    validate_here(compose_config([f"logging.{package}=true"]))

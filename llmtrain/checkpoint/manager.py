@@ -2,13 +2,15 @@
 
 The state is layout-free: the model and its optimizer state by parameter name (`state.py`; DTensor shards, which
 DCP reshards on load for another dp/tp/pp/zero layout or world size), the step, the data position (samples
-consumed of the global stream), the loss scaler, and each rank's RNG state.
+consumed of the global stream; for data=mix also the mixture's history of weights, as JSON text), the loss
+scaler, and each rank's RNG state.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import shutil
 import time
@@ -115,10 +117,15 @@ class CheckpointManager:
         return self.saved
 
     # ---- state ----------------------------------------------------------------------------------------------
-    def state_dict(self, trainer, for_load: bool = False, include_rng: bool = True) -> dict:
+    def state_dict(self, trainer, for_load: bool = False, include_rng: bool = True, mixture: bool = True) -> dict:
+        """`mixture`: include the data=mix history (a load asks for it only when the checkpoint has one)."""
         parts = getattr(trainer.model, "parts", [trainer.model])  # a ParallelModel's stages, or one plain module
         extra = {"step": trainer.step, "samples_seen": trainer.samples_seen, "tokens_seen": trainer.tokens_seen,
                  "scaler": trainer.scaler.state_dict()}
+        feed = getattr(trainer, "feed", None)
+        mixture_text = feed.state_text(trainer.samples_seen) if feed is not None and mixture else None
+        if mixture_text is not None:
+            extra["mixture"] = mixture_text
         out = {"model": ModelState(parts), "optim": OptimizerState(parts, trainer.optimizer, for_load),
                "extra": extra}
         if include_rng:
@@ -148,7 +155,7 @@ class CheckpointManager:
                 self.log(f"llmtrain: checkpoint step {step}: saving in the background", flush=True)
             else:
                 dcp.save(state, checkpoint_id=tmp, process_group=self.group)
-                self._finalize(tmp, step, elapsed, t0)
+                self._finalize(tmp, step, elapsed, t0, state)
 
     def _stager(self):
         """One stager for the run: it keeps its host buffers, so later saves do not allocate them again."""
@@ -199,15 +206,17 @@ class CheckpointManager:
         self.pending = None
         with self._one_line_if_disk_full(tmp, step, state):
             future.result()  # re-raises a failed write
-            self._finalize(tmp, step, elapsed, t0)
+            self._finalize(tmp, step, elapsed, t0, state)
 
-    def _finalize(self, tmp: str, step: int, elapsed: float, t0: float) -> None:
+    def _finalize(self, tmp: str, step: int, elapsed: float, t0: float, state: dict) -> None:
         # Complete only when every rank has written its part: then rank 0 seals the folder.
         dist.barrier(group=self.group)
         if self.rank == 0:
             with open(os.path.join(tmp, "config.yaml"), "w") as f:
                 f.write(to_yaml(self.cfg))
-            final = store.finalize(tmp, {"step": step, "complete": True, "layout": layout_of(self.cfg),
+            mixture = state["extra"].get("mixture")
+            final = store.finalize(tmp, {**({"mixture": json.loads(mixture)} if mixture else {}),
+                                         "step": step, "complete": True, "layout": layout_of(self.cfg),
                                          "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
                                          # training time of the whole run up to this step, over every launch
                                          "elapsed_s": round(elapsed, 3),
@@ -227,7 +236,7 @@ class CheckpointManager:
         """Restore `trainer` from the checkpoint at `path`; `prefix` starts the log line (a restart's number)."""
         meta = store.verify(path, crc=False)
         same_layout = meta.get("layout") == layout_of(self.cfg)
-        state = self.state_dict(trainer, for_load=True, include_rng=same_layout)
+        state = self.state_dict(trainer, for_load=True, include_rng=same_layout, mixture="mixture" in meta)
         try:
             dcp.load(state, checkpoint_id=path, process_group=self.group)
         except Exception as e:
@@ -239,6 +248,9 @@ class CheckpointManager:
         trainer.tokens_seen = int(extra["tokens_seen"])
         trainer.scaler.load_state_dict(extra["scaler"])
         trainer.elapsed_before = float(meta.get("elapsed_s", 0.0))
+        if "mixture" in extra and trainer.feed.load_state_text(extra["mixture"], trainer.samples_seen):
+            self.log(f"llmtrain: data.sources weights differ from the checkpoint's: a new mixture segment starts at "
+                     f"sample {trainer.samples_seen:,} (nothing already drawn is drawn again)", flush=True)
         self.saved = (path, trainer.step)
         if same_layout:
             torch.set_rng_state(state["rng"][f"rank{self.rank}"])

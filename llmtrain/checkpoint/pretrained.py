@@ -190,6 +190,11 @@ def _pieces_of(fmt: str, key: str) -> list[Piece] | None:
     return pieces(key)
 
 
+def configured_pretrained(model_cfg) -> Pretrained | None:
+    """model.init_from's weights, checked and ready to be read one tensor at a time; None without init_from."""
+    return inspect_pretrained(model_cfg.init_from, model_cfg) if model_cfg.init_from else None
+
+
 def inspect_pretrained(path: str | os.PathLike, model_cfg) -> Pretrained:
     """Check `model.init_from=path` against the model `model_cfg` builds, reading no tensor data from safetensors
     files: every tensor present with its shape (the vocabulary may be the real or the padded one; a position table

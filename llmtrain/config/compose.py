@@ -6,7 +6,7 @@ import dataclasses
 import os
 import warnings
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -30,7 +30,8 @@ def builtin_config_dir() -> Path:
     return Path(llmtrain.configs.__file__).parent
 
 
-def compose_config(overrides: Sequence[str] = (), config_dirs: Iterable[str] = ()) -> DictConfig:
+def compose_config(overrides: Sequence[str] = (), config_dirs: Iterable[str] = (),
+                   slots_per_node: Callable[[DictConfig], int] | None = None) -> DictConfig:
     """Return the resolved config for `overrides` (Hydra grammar). Raises ConfigError on any bad input."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -68,7 +69,7 @@ def compose_config(overrides: Sequence[str] = (), config_dirs: Iterable[str] = (
     choices = OmegaConf.to_container(raw.hydra.runtime.choices)  # the option each group was given
     raw = OmegaConf.masked_copy(raw, [k for k in raw if k != "hydra"])
     try:
-        return to_typed(raw)
+        return to_typed(raw, slots_per_node)
     except ConfigError as e:
         raise _explained(e, overrides, choices, dirs) from None
 
@@ -146,7 +147,7 @@ def _is_sweep(value: str) -> bool:
 _KEYWORD_KEYS = {("checkpoint", "async"): "async_save"}
 
 
-def to_typed(raw: DictConfig) -> DictConfig:
+def to_typed(raw: DictConfig, slots_per_node: Callable[[DictConfig], int] | None = None) -> DictConfig:
     """Merge onto the schema (unknown keys, wrong types) and resolve interpolations. The result stays typed (a
     structured config of LLMTrainConfig): assigning a wrong type or an unknown key later fails too."""
     raw = OmegaConf.create(OmegaConf.to_container(raw, resolve=False))
@@ -158,13 +159,13 @@ def to_typed(raw: DictConfig) -> DictConfig:
         OmegaConf.resolve(typed)
     except OmegaConfBaseException as e:
         raise _omegaconf_error(e, raw) from None
-    _fill_defaults(typed)
+    _fill_defaults(typed, slots_per_node)
     return typed
 
 
-def _fill_defaults(cfg: DictConfig) -> None:
+def _fill_defaults(cfg: DictConfig, slots_per_node) -> None:
     if cfg.cluster.nproc_per_node is None:
-        cfg.cluster.nproc_per_node = _nproc_from_hostfile(cfg.cluster)
+        cfg.cluster.nproc_per_node = _nproc_from_hostfile(cfg.cluster, slots_per_node)
     world = world_size(cfg)
     p = cfg.parallel
     if p.dp is None and p.tp > 0 and p.pp > 0 and world % (p.tp * p.pp) == 0:
@@ -176,16 +177,18 @@ def _fill_defaults(cfg: DictConfig) -> None:
         t.global_batch_size = t.micro_batch_size * p.dp * accum
 
 
-def _nproc_from_hostfile(cluster: DictConfig) -> int:
+def _nproc_from_hostfile(cluster: DictConfig, slots_per_node) -> int:
     """cluster.nproc_per_node=null (cluster=ssh's default): the hostfile's slots per host. Resolved here, before
-    the world size is derived and validated, so the rest of llmtrain always sees a number."""
-    from llmtrain.launch.hostfile import slots_per_node
-
+    the world size is derived and validated, so the rest of llmtrain always sees a number; the launcher passes
+    the reader of its hostfile (`slots_per_node`)."""
     if cluster.name != "ssh":
         raise ConfigError("cluster.nproc_per_node", "null (the hostfile's slots) needs cluster=ssh; give a number")
     if OmegaConf.is_missing(cluster, "hostfile") or not cluster.hostfile:
         raise ConfigError("cluster.hostfile", "cluster=ssh needs a hostfile: cluster.hostfile=FILE (lines of "
                                               "'hostname slots=N')")
+    if slots_per_node is None:
+        raise ConfigError("cluster.nproc_per_node", "null (the hostfile's slots) is read by the launcher; "
+                                                    "compose through llmtrain.launch.config_probes or give a number")
     return slots_per_node(cluster)
 
 

@@ -80,7 +80,7 @@ class ModelConfig:
     tie_embeddings: bool = True
     init_std: float = 0.02
     # A Hugging Face GPT-2 or Llama folder, or an llmtrain safetensors export, to start from; null = random
-    # init (README: Hugging Face interop).
+    # init (docs/models.md: Hugging Face interop).
     init_from: Optional[str] = None
 
 

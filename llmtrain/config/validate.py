@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable, Mapping
 
 from omegaconf import DictConfig
 
@@ -17,12 +18,6 @@ RETIRED_OPTIONS = {"precision": RETIRED_PRECISIONS}  # kept out of the options l
 APEX_AMP_GONE = ("current NVIDIA apex has no amp (apex.amp was removed); precision=fp16 is the O1 recipe "
                  "(autocast + dynamic loss scaling starting at 2^16) and precision=bf16 the modern default "
                  "(no loss scaling needed)")
-APEX_EXTENSIONS = ("amp_C", "fused_layer_norm_cuda")  # FusedAdam's and FusedLayerNorm's kernels
-APEX_BUILD = ("git clone https://github.com/NVIDIA/apex && cd apex && APEX_CUDA_EXT=1 pip install -v "
-              "--no-build-isolation . (README, 'Fused AdamW and NVIDIA apex': a build of just these two); or use "
-              "optim.fused=auto (torch's fused AdamW on CUDA, no build)")
-APEX_INSTALL = ("NVIDIA apex is not installed (it is not on PyPI); optim.fused=apex needs its CUDA extensions "
-                f"{' and '.join(APEX_EXTENSIONS)}: {APEX_BUILD}")
 
 
 def _require(ok: bool, key: str, message: str) -> None:
@@ -45,19 +40,17 @@ def _non_negative(cfg: DictConfig, *keys: str) -> None:
         _require(value >= 0, key, f"must be >= 0 (got {value})")
 
 
-def validate(cfg: DictConfig) -> None:
-    """Raise ConfigError for the first rule the config breaks."""
-    _validate_precision_retired(cfg)
-    _validate_choices(cfg, LLMTrainConfig, "")
-    _validate_cluster(cfg)  # first: the world size every later rule divides
-    _validate_model(cfg)
-    _validate_parallel(cfg)
-    _validate_train(cfg)
-    _validate_data(cfg)
-    _validate_precision(cfg)
-    _validate_hardware(cfg)
-    _validate_recompute_and_optim(cfg)
-    _validate_logging(cfg)
+Probe = Callable[[DictConfig], None]
+
+
+def validate(cfg: DictConfig, probes: Mapping[str, Probe] | None = None) -> None:
+    """Raise ConfigError for the first rule the config breaks. These are rules between keys only; `probes` (the
+    launcher's checks of files, installed packages and devices) each run right after the section they are keyed
+    by, so the first failure reported is the same whichever kind of check finds it."""
+    for name, rule in SECTIONS:
+        rule(cfg)
+        if probes and name in probes:
+            probes[name](cfg)
 
 
 def _validate_choices(node, schema: type, prefix: str) -> None:
@@ -69,19 +62,6 @@ def _validate_choices(node, schema: type, prefix: str) -> None:
             value, allowed = node[f.name], f.metadata["choices"]
             _require(value in allowed, f"{prefix}{f.name}",
                      f"must be one of {', '.join(str(a) for a in allowed if a is not None)} (got {value})")
-
-
-def apex_missing() -> str | None:
-    """Why optim.fused=apex cannot run here, or None. Looked up without importing (apex imports torch)."""
-    from importlib.util import find_spec
-
-    if find_spec("apex") is None:
-        return APEX_INSTALL
-    missing = [name for name in APEX_EXTENSIONS if find_spec(name) is None]
-    if missing:
-        return (f"NVIDIA apex is installed without its CUDA extension(s) {' and '.join(missing)} (a Python-only "
-                f"build); rebuild it: {APEX_BUILD}")
-    return None
 
 
 def _validate_apex_layout(cfg: DictConfig) -> None:
@@ -99,8 +79,9 @@ def _validate_recompute_and_optim(cfg: DictConfig) -> None:
     _require(r.every >= 1, "recompute.every", f"must be >= 1 (got {r.every})")
     if o.fused == "apex":
         _validate_apex_layout(cfg)
-        missing = apex_missing()
-        _require(missing is None, "optim.fused", missing)
+
+
+def _validate_profile(cfg: DictConfig) -> None:
     prof = cfg.profile
     if prof.steps is not None:
         steps = list(prof.steps)
@@ -109,27 +90,11 @@ def _validate_recompute_and_optim(cfg: DictConfig) -> None:
     # Both run a torch.profiler, and only one can record at a time (CUDA measures the peak without it).
     _require(not (prof.memory and prof.steps is not None), "profile.memory",
              "cannot be combined with profile.steps (one torch.profiler at a time); set one of them")
-    if prof.nsys:
-        import shutil
-
-        _require(shutil.which("nsys") is not None, "profile.nsys",
-                 "nsys (Nsight Systems) is not on PATH; install it from NVIDIA or set profile.nsys=false")
 
 
 def _validate_logging(cfg: DictConfig) -> None:
     _require(cfg.logging.tracker_start_timeout_s > 0, "logging.tracker_start_timeout_s",
              f"must be > 0 (got {cfg.logging.tracker_start_timeout_s})")
-    if cfg.logging.tensorboard:
-        from llmtrain.report.tensorboard import tensorboard_missing
-
-        missing = tensorboard_missing()
-        _require(missing is None, "logging.tensorboard", missing)
-    from llmtrain.train.trackers.requirements import PACKAGES, tracker_missing
-
-    for key in PACKAGES:
-        if cfg.logging[key.split(".")[1]]:
-            missing = tracker_missing(key)
-            _require(missing is None, key, missing)
 
 
 def _validate_model(cfg: DictConfig) -> None:
@@ -149,11 +114,6 @@ def _validate_model(cfg: DictConfig) -> None:
     _validate_arch_keys(m)
     if m.arch == "llama":
         _validate_llama(cfg)
-    if m.init_from:
-        import os
-
-        _require(os.path.exists(os.path.expanduser(m.init_from)), "model.init_from", f"no such file or folder: "
-                                                                                   f"{m.init_from}")
 
 
 # Keys only one family reads: set to anything but the schema's default on the other family, they are refused.
@@ -279,44 +239,23 @@ def _validate_train(cfg: DictConfig) -> None:
 
 
 def _validate_data(cfg: DictConfig) -> None:
-    """The data source, and for a token file everything knowable without reading it (os + json only:
-    no torch here, the launcher starts fast): vocabulary, dtype, size, and room for one sample per split."""
-    import os
-
-    from llmtrain.data.errors import DataError
-    from llmtrain.data.tokenfile import check_split_sizes, check_token_file
-
-    d = cfg.data
+    """The data source's keys; what its files hold is the launcher's probe (they may not exist here yet)."""
+    d, m = cfg.data, cfg.model
     _require(0.0 < d.val_fraction < 1.0, "data.val_fraction", f"must be in (0, 1) (got {d.val_fraction})")
-    t, m = cfg.train, cfg.model
-    need_val = bool(t.eval_interval and t.eval_steps)  # the trainer evaluates only then
-    try:
-        if d.name == "memmap":
-            _require(bool(d.path) and d.path != "???", "data.path",
-                     "memmap data needs data.path (a token file from `llmtrain data prepare`)")
-            _require(os.path.isfile(os.path.expanduser(str(d.path))), "data.path", f"no such file: {d.path}")
-            check_token_file(str(d.path), dtype=d.dtype, seq_len=m.seq_len, val_fraction=d.val_fraction,
-                             model_vocab=m.vocab_size, need_val=need_val)
-        if d.name == "stdlib":
-            _require(bool(d.path), "data.path", "the stdlib corpus needs a data.path to build into")
-            _require(m.vocab_size >= 256, "model.vocab_size",
-                     f"byte-level stdlib data has 256 token ids; vocab_size={m.vocab_size} is too small")
-            _positive(cfg, "data.max_bytes")
-            # Built right before the workers start, with at most data.max_bytes tokens: too few is knowable now.
-            check_split_sizes(f"the stdlib corpus (data.max_bytes={d.max_bytes})", d.max_bytes, m.seq_len,
-                              d.val_fraction, need_val, key="data.max_bytes", more="raise data.max_bytes")
-    except DataError as e:
-        raise ConfigError(e.key, e.message) from None
-    if d.name == "mix":
-        from llmtrain.config.mixture_checks import check_mixture
-
-        check_mixture(cfg)
+    if d.name == "memmap":
+        _require(bool(d.path) and d.path != "???", "data.path",
+                 "memmap data needs data.path (a token file from `llmtrain data prepare`)")
+    if d.name == "stdlib":
+        _require(bool(d.path), "data.path", "the stdlib corpus needs a data.path to build into")
+        _require(m.vocab_size >= 256, "model.vocab_size",
+                 f"byte-level stdlib data has 256 token ids; vocab_size={m.vocab_size} is too small")
+        _positive(cfg, "data.max_bytes")
 
 
 def _validate_hardware(cfg: DictConfig) -> None:
     """The peak table's keys and values, the compute capability's form, and for a named GPU profile the compute
     dtype (hardware=auto checks it in the worker, once the GPU is known)."""
-    from llmtrain.plan.hardware import PEAK_DTYPES, check_dtype, parse_capability
+    from llmtrain.config.hardware_keys import PEAK_DTYPES, check_dtype, parse_capability
 
     hw = cfg.hardware
     for dtype, tflops in hw.peak_tflops.items():
@@ -330,6 +269,7 @@ def _validate_hardware(cfg: DictConfig) -> None:
     if hw.name != "auto":
         check_dtype(dict(hw.peak_tflops), hw.name, cfg.precision.compute_dtype)
 
+
 def _validate_precision_retired(cfg: DictConfig) -> None:
     name = cfg.precision.name
     _require(name not in RETIRED_PRECISIONS, "precision", f"{name} is retired: {APEX_AMP_GONE}")
@@ -338,9 +278,9 @@ def _validate_precision_retired(cfg: DictConfig) -> None:
 def _validate_precision(cfg: DictConfig) -> None:
     pr = cfg.precision
     if pr.name == "fp8":  # before the hardware rules, whose answer for a GPU without bf16 would be fp16
-        from llmtrain.config.fp8 import fp8_problem
+        from llmtrain.config.fp8 import shape_problem
 
-        problem = fp8_problem(cfg)
+        problem = shape_problem(cfg)
         _require(problem is None, "precision", problem)
     if pr.name == "fp16":
         _require(pr.init_scale > 0, "precision.init_scale", f"must be > 0 (got {pr.init_scale})")
@@ -366,12 +306,23 @@ def _validate_cluster(cfg: DictConfig) -> None:
              f"must be >= 0 (got {cfg.checkpoint.interval_minutes}); 0 saves by step count only")
     _require(cfg.checkpoint.keep >= 1, "checkpoint.keep", f"must be >= 1 (got {cfg.checkpoint.keep})")
     if c.name == "ssh":
-        from llmtrain.launch.hostfile import cluster_hosts
-
         _require(c.hostfile not in (None, "???"), "cluster.hostfile",
                  "cluster=ssh needs a hostfile: cluster.hostfile=FILE (lines of 'hostname slots=N')")
-        cluster_hosts(c)
-    from llmtrain.launch.container import check_container
 
-    check_container(cfg)
+
+# In the order they run: the cluster first (the world size every later rule divides).
+SECTIONS: tuple[tuple[str, Probe], ...] = (
+    ("retired", _validate_precision_retired),
+    ("choices", lambda cfg: _validate_choices(cfg, LLMTrainConfig, "")),
+    ("cluster", _validate_cluster),
+    ("model", _validate_model),
+    ("parallel", _validate_parallel),
+    ("train", _validate_train),
+    ("data", _validate_data),
+    ("precision", _validate_precision),
+    ("hardware", _validate_hardware),
+    ("optim", _validate_recompute_and_optim),
+    ("profile", _validate_profile),
+    ("logging", _validate_logging),
+)
 

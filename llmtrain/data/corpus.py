@@ -2,7 +2,8 @@
 `FILE.json` meta sidecar: the embedded stdlib corpus and `llmtrain data prepare`.
 
 Which files are read is inputs.py's concern, how one input becomes documents readers.py's, and how
-documents become tokens encoders.py's; this module runs the whole preparation and writes the result.
+documents become tokens encoders.py's; prepare_run.py runs the whole preparation (workers in
+prepare_pool.py, the output in prepare_output.py) and `prepare_corpus` is its Python entry point.
 
 Files are written atomically (unique temp file in the target folder, fsync, os.replace), data
 first and meta last, so a reader that finds the meta also finds the complete data file, and
@@ -11,26 +12,22 @@ ranks or launches that build the same file at once never see a half-written one.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import sysconfig
 from typing import Sequence
 
 from .atomic_files import atomic_write as _atomic_write
-from .atomic_files import signals_held as _signals_held
-from .encoders import BYTE_VOCAB_SIZE, ByteEncoder, TokenizerEncoder, bytes_as_uint16, load_tokenizer
+from .encoders import BYTE_VOCAB_SIZE, bytes_as_uint16
 from .errors import DataError
-from .inputs import expand_inputs
 from .prepare_options import PrepareOptions
-from .readers import NotText, tokenize_input
+from .prepare_output import write_meta as _write_meta
+from .prepare_run import prepare_tokens, skip_summary
 from .tokenfile import TOKEN_FORMAT, meta_path, read_token_meta
 
-__all__ = ["TOKEN_FORMAT", "ensure_stdlib_corpus", "meta_path", "prepare_corpus", "read_token_meta"]
+__all__ = ["TOKEN_FORMAT", "ensure_stdlib_corpus", "meta_path", "prepare_corpus", "read_token_meta",
+           "skip_summary"]
 
 _SKIPPED_STDLIB_DIRS = {"site-packages", "dist-packages", "__pycache__"}
-# Skipped file names listed per reason in the summary.
-_LISTED_SKIPS = 3
 
 
 def ensure_stdlib_corpus(path: str, max_bytes: int) -> str:
@@ -104,6 +101,8 @@ def prepare_corpus(
     eot_token: str | None = None,
     skipped: list | None = None,
     notes: list | None = None,
+    workers: int = 1,
+    shard_tokens: int | None = None,
 ) -> dict:
     """Tokenize files/directories into one token file `output` plus `output.json`; returns the meta.
 
@@ -119,62 +118,23 @@ def prepare_corpus(
     directory is not entered. Files named directly are always read. Files that are not text are
     skipped; when `skipped` is a list, (name, "binary" | "compressed") pairs are appended to it,
     and when `notes` is a list, lines for the user (files read once, lines skipped) are.
+
+    `workers` processes tokenize the files (the output is the same for any number); with
+    `shard_tokens`, `output` is a folder of shards and the returned dict is its index.json.
     """
     if isinstance(inputs, (str, os.PathLike)):
         inputs = [inputs]
-    tok = load_tokenizer(tokenizer) if tokenizer is not None else None
-    output = os.path.abspath(os.path.expanduser(os.fspath(output)))
     options = PrepareOptions(tokenizer=tokenizer, include=tuple(include), exclude=tuple(exclude),
                              text_key=text_key or jsonl_key, encoding=encoding, on_bad_line=on_bad_line,
-                             separator=separator, eot_token=eot_token)
-    units, input_notes = expand_inputs(inputs, {output, meta_path(output)}, options.include, options.exclude)
-    encoder = ByteEncoder(options.separator) if tok is None else TokenizerEncoder(tok, options.eot_token)
-    bad_notes: list[str] = []
-    not_text: list[tuple[str, str]] = []
-    total = used = 0
-    with contextlib.ExitStack() as commit:
-        with _atomic_write(output) as out:
-            for unit in units:
-                try:
-                    stats = tokenize_input(unit, encoder, out, options)
-                except NotText as e:
-                    not_text.append((unit.name, e.reason))
-                    continue
-                total += stats.tokens
-                if stats.bad_lines:
-                    bad_notes.append(f"skipped {stats.bad_lines} bad line(s) in {unit.name}, e.g. "
-                                     + "; ".join(stats.bad_examples))
-                used += 1
-            if used == 0:
-                raise DataError("--input", f"no text file to tokenize; {skip_summary(not_text)}")
-            if total == 0:
-                raise DataError("--input", "the input files are all empty" if tok is None else
-                                "the input files produced no tokens")
-            # From here a Ctrl-C waits: the data file and its meta replace the old pair together, or neither does.
-            commit.enter_context(_signals_held())
-        if tok is None:
-            meta = _token_meta("uint16", BYTE_VOCAB_SIZE, total, "byte", used)
-        else:
-            meta = _token_meta(encoder.dtype, encoder.vocab_size, total, os.path.abspath(tokenizer), used)
-        _write_meta(output, meta)
+                             separator=separator, eot_token=eot_token, workers=workers, shard_tokens=shard_tokens)
+    result = prepare_tokens(inputs, output, options)
     if skipped is not None:
-        skipped.extend(not_text)
+        skipped.extend(result.not_text)
     if notes is not None:
-        notes.extend(input_notes + bad_notes)
-    return meta
-
-
-def skip_summary(skipped: Sequence[tuple[str, str]]) -> str:
-    """'skipped 3 file(s) that are not text: 2 binary (a.pyc, tool), 1 compressed (b.gz)' from (name, reason)."""
-    parts = []
-    for reason in ("binary", "compressed"):
-        names = [name for name, why in skipped if why == reason]
-        if names:
-            listed = ", ".join(names[:_LISTED_SKIPS])
-            if len(names) > _LISTED_SKIPS:
-                listed += f", +{len(names) - _LISTED_SKIPS} more"
-            parts.append(f"{len(names)} {reason} ({listed})")
-    return f"skipped {len(skipped)} file(s) that are not text: {', '.join(parts)}"
+        notes.extend(result.notes)
+        if result.bad_lines:
+            notes.append(f"skipped {result.bad_lines:,} malformed line(s), e.g. " + "; ".join(result.bad_examples))
+    return result.meta
 
 
 def _stdlib_corpus_is_ready(path: str, max_bytes: int) -> bool:
@@ -202,43 +162,3 @@ def _stdlib_sources(root: str) -> list[str]:
     return sorted(found)
 
 
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-def _token_meta(dtype: str, vocab_size: int, num_tokens: int, tokenizer: str, sources: int) -> dict:
-    return {
-        "format": TOKEN_FORMAT,
-        "dtype": dtype,
-        "vocab_size": vocab_size,
-        "num_tokens": num_tokens,
-        "tokenizer": tokenizer,
-        "sources": sources,
-    }
-
-
-
-
-
-
-def _write_meta(path: str, meta: dict) -> None:
-    with _atomic_write(meta_path(path)) as out:
-        out.write((json.dumps(meta, indent=2) + "\n").encode("utf-8"))

@@ -7,8 +7,11 @@ import codecs
 import os
 import sys
 
-from .corpus import meta_path, prepare_corpus, skip_summary
 from .errors import DataError
+from .prepare_options import PrepareOptions
+from .prepare_pool import default_workers
+from .prepare_run import PrepareResult, prepare_tokens, skip_summary
+from .tokenfile import meta_path
 
 EXIT_INTERRUPTED = 130
 
@@ -27,7 +30,7 @@ def add_prepare_arguments(parser: argparse.ArgumentParser) -> None:
         "--output",
         required=True,
         metavar="FILE",
-        help="token file to write (nanoGPT .bin format); its meta goes to FILE.json",
+        help="token file to write (nanoGPT .bin format); its meta goes to FILE.json (with --shard-tokens: a folder)",
     )
     parser.add_argument(
         "--tokenizer",
@@ -88,6 +91,22 @@ def add_prepare_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --tokenizer: the token written after every document (default: the first of <|endoftext|>, "
         "<|end_of_text|>, </s>, <eos> the tokenizer has); none: no token",
     )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="processes that tokenize files at once (default: this machine's cores); the output is the same for "
+        "any N",
+    )
+    parser.add_argument(
+        "--shard-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="write --output as a folder of shards of N tokens each (shard-00000.bin, ... with their meta) and "
+        "index.json",
+    )
 
 
 def parse_separator(value: str | None) -> int | None:
@@ -111,38 +130,52 @@ def parse_separator(value: str | None) -> int | None:
 
 
 def run_prepare(args: argparse.Namespace) -> int:
-    """Write the token file; returns the exit status. A DataError propagates for the CLI to report."""
-    skipped: list[tuple[str, str]] = []
-    notes: list[str] = []
+    """Write the token file (or shard folder); returns the exit status. A DataError propagates for the CLI to
+    report."""
+    options = PrepareOptions(
+        tokenizer=args.tokenizer,
+        include=tuple(args.include),
+        exclude=tuple(args.exclude),
+        text_key=args.text_key,
+        encoding=args.encoding,
+        on_bad_line=args.on_bad_line,
+        separator=parse_separator(args.separator),
+        eot_token=args.eot_token,
+        workers=args.workers if args.workers is not None else default_workers(),
+        shard_tokens=args.shard_tokens,
+    )
     before = _identity(args.output)
     try:
-        meta = prepare_corpus(
-            args.input,
-            args.output,
-            tokenizer=args.tokenizer,
-            include=args.include,
-            exclude=args.exclude,
-            text_key=args.text_key,
-            encoding=args.encoding,
-            on_bad_line=args.on_bad_line,
-            separator=parse_separator(args.separator),
-            eot_token=args.eot_token,
-            skipped=skipped,
-            notes=notes,
-        )
+        result = prepare_tokens(args.input, args.output, options, progress=sys.stderr.isatty())
     except KeyboardInterrupt:
         print(f"llmtrain: interrupted: {_interrupted(args.output, before)}", file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
-    tokenizer = "byte-level" if meta["tokenizer"] == "byte" else meta["tokenizer"]
-    print(
-        f"wrote {meta['num_tokens']:,} tokens ({meta['dtype']}, vocab {meta['vocab_size']}, {tokenizer}) "
-        f"from {meta['sources']} file(s) to {args.output}"
-    )
-    for note in notes:
+    for note in result.notes:
         print(note)
-    if skipped:
-        print(skip_summary(skipped))
+    print(summary_line(result, args.output))
+    if result.not_text:
+        print(skip_summary(result.not_text))
+    if result.bad_lines:
+        print(f"skipped {result.bad_lines:,} malformed line(s), e.g.:")
+        for example in result.bad_examples:
+            print(f"  {example}")
     return 0
+
+
+def summary_line(result: PrepareResult, output: str) -> str:
+    """'wrote 1,234 tokens (uint16, vocab 256, byte-level) from 2 file(s) to OUT: 3 documents (mean 411 tokens),
+    0.0 MB in 0.1 s (0.1 MB/s, 2 workers)'; the documents part only when the readers counted them."""
+    meta = result.meta
+    tokenizer = "byte-level" if meta["tokenizer"] == "byte" else meta["tokenizer"]
+    where = f"{len(meta['shards'])} shard(s) in {output}" if "shards" in meta else output
+    line = (f"wrote {meta['num_tokens']:,} tokens ({meta['dtype']}, vocab {meta['vocab_size']}, {tokenizer}) "
+            f"from {meta['sources']} file(s) to {where}:")
+    if result.documents:
+        line += f" {result.documents:,} documents (mean {meta['num_tokens'] / result.documents:,.0f} tokens),"
+    megabytes = result.bytes_read / 1e6
+    speed = megabytes / result.seconds if result.seconds > 0 else 0.0
+    workers = f"{result.workers} worker" + ("s" if result.workers != 1 else "")
+    return f"{line} {megabytes:,.1f} MB in {result.seconds:.1f} s ({speed:,.1f} MB/s, {workers})"
 
 
 def _identity(path: str) -> tuple | None:
@@ -156,9 +189,14 @@ def _identity(path: str) -> tuple | None:
 
 def _interrupted(output: str, before: tuple | None) -> str:
     """What a Ctrl-C left: the temp files are gone; the token file and its meta are replaced together or not at
-    all (prepare_corpus holds the signal while it renames them)."""
+    all, a shard folder whole or not at all (signals are held while they are renamed)."""
+    folder = os.path.isdir(output)
     if _identity(output) != before:
+        if folder:
+            return f"{output} (a shard folder) was written just before it"
         return f"{output} and {meta_path(output)} were written just before it"
     if before is None:
         return f"nothing was written ({output} does not exist)"
+    if folder:
+        return f"nothing was written ({output} and its shards are as they were)"
     return f"nothing was written ({output} and its meta are as they were)"

@@ -15,7 +15,7 @@ from llmtrain.checkpoint import store
 from llmtrain.jobs import rundir
 from llmtrain.jobs.record import read_launches
 from llmtrain.jobs.job_state import LAUNCHER_OWNED, PENDING, JobState, job_state
-from llmtrain.train.metrics import read_metrics
+from llmtrain.rundir.metrics_file import read_metrics
 
 TAIL_BYTES = 1 << 16  # the last train row is near the end of metrics.jsonl: read only this much first
 

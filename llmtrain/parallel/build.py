@@ -121,19 +121,17 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def build_parallel_model(cfg: DictConfig, dims: ParallelDims, mesh: Meshes, device: torch.device) -> ParallelModel:
+def build_parallel_model(cfg: DictConfig, dims: ParallelDims, mesh: Meshes, device: torch.device,
+                         pretrained=None) -> ParallelModel:
+    """The model's parts on this rank, parallelised and initialised; `pretrained` (model.init_from's weights, read
+    one tensor at a time by init_parameters) replaces the random initialisation."""
     with torch.device("meta"):
         whole = build_model(cfg.model)
     pp = cfg.parallel
     param_dtype = torch_dtype(cfg.precision.compute_dtype)
     param_dtype = None if param_dtype == torch.float32 else param_dtype
     reduce_dtype = torch_dtype(cfg.precision.reduce_dtype)
-    pretrained, pretrained_note = None, None
-    if cfg.model.init_from:
-        from llmtrain.checkpoint.pretrained import inspect_pretrained
-
-        source = inspect_pretrained(cfg.model.init_from, cfg.model)
-        pretrained, pretrained_note = source, source.describe()  # tensors read one at a time by init_parameters
+    pretrained_note = pretrained.describe() if pretrained is not None else None
 
     float8 = Float8Training.from_config(cfg, dims)
     float8_styles = float8 is not None and float8.tensor_parallel_styles
@@ -148,7 +146,7 @@ def build_parallel_model(cfg: DictConfig, dims: ParallelDims, mesh: Meshes, devi
             for block in part.layers.values():
                 block.compile()  # in place: parameter names stay the same
         if cfg.optim.fused == "apex":
-            from llmtrain.train.apex_support import fused_layernorm
+            from llmtrain.model.apex_norm import fused_layernorm
 
             fused_layernorm(part)
         apply_data_parallel(part, mesh.dp_2d, dims, param_dtype, reduce_dtype)

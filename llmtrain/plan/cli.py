@@ -5,13 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 
-from omegaconf import OmegaConf
 from rich.console import Console
 
-from llmtrain.config import ConfigError, builtin_config_dir, validate
-from llmtrain.config.schema import HardwareConfig
+from llmtrain.config import ConfigError, validate
 from llmtrain.console import fold_table, get_console
-from llmtrain.plan import hardware
+from llmtrain.hardware import profiles as hardware
 from llmtrain.plan.estimate import build_plan
 
 
@@ -21,13 +19,8 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
                         help="rank the layouts (tp, pp, zero, recompute) that fit N_GPUS devices of GIB GiB")
 
 
-def load_profile(name: str):
-    path = builtin_config_dir() / "hardware" / f"{name}.yaml"
-    return OmegaConf.merge(OmegaConf.structured(HardwareConfig), OmegaConf.load(path))
-
-
 def plan_for(cfg, memory_gib: float | None = None):
-    hw = hardware.resolve(cfg.hardware, cfg.precision.compute_dtype, load_profile)
+    hw = hardware.resolve(cfg.hardware, cfg.precision.compute_dtype, hardware.load_profile)
     if hw["peak_tflops"] is None:  # a plan's step time needs a peak (training only goes without MFU)
         raise ConfigError("hardware", hardware.missing_peak(hw, cfg.precision.compute_dtype))
     memory = memory_gib if memory_gib is not None else hw["memory_gib"]

@@ -16,7 +16,7 @@ from llmtrain.config.errors import ConfigError
 from llmtrain.console import fold_table, get_console
 from llmtrain.report.plotting import NO_PLOTS, PLOT_EXTRA, pyplot
 from llmtrain.report.run_report import fmt_loss, fmt_mfu, fmt_tokens_per_s
-from llmtrain.train.metrics import read_metrics
+from llmtrain.rundir.metrics_file import read_metrics
 
 PLOT_NAME = "compare.png"
 # Keys that differ between any two runs without making them different experiments.

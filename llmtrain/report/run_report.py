@@ -11,7 +11,7 @@ from llmtrain.config.errors import ConfigError
 from llmtrain.console import fold_table, get_console
 from llmtrain.report.plotting import NO_PLOTS, PLOT_EXTRA, pyplot
 from llmtrain.report.source_table import plot_source_val_loss, source_rows, val_loss_step
-from llmtrain.train.metrics import read_metrics
+from llmtrain.rundir.metrics_file import read_metrics
 
 
 def add_report_arguments(parser: argparse.ArgumentParser) -> None:
@@ -204,7 +204,7 @@ def export_tensorboard(rows: list[dict], log_dir: str, metrics_path: str) -> tup
     """Write `rows` as an event file in log_dir: train rows as train/KEY, eval rows as val/KEY (val_loss ->
     val/loss). Wall times are reconstructed from elapsed_s and the metrics file's modification time. Returns the
     file and how many train and val rows went into it."""
-    from llmtrain.report.tensorboard import TensorBoardWriter
+    from llmtrain.train.trackers.tensorboard import TensorBoardWriter
 
     elapsed = [v for v in (_num(r, "elapsed_s") for r in rows) if v is not None]
     start = os.path.getmtime(metrics_path) - (max(elapsed) if elapsed else 0.0)
@@ -245,7 +245,7 @@ def run_report(args) -> int:
     title = summary[0][1]
     plt = pyplot()
     if getattr(args, "tensorboard", False):
-        from llmtrain.report.tensorboard import tensorboard_missing
+        from llmtrain.train.trackers.tensorboard import tensorboard_missing
 
         missing = tensorboard_missing()
         if missing:

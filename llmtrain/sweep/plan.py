@@ -60,24 +60,25 @@ class SweepPlan:
 def plan_sweep(overrides: Sequence[str], config_dirs: Sequence[str] = ()) -> SweepPlan:
     """Compose and validate every combination; ConfigError (one line naming the combination and the key) for the
     first one that is refused, before anything is written."""
-    from llmtrain.config import builtin_config_dir, compose_config, validate
+    from llmtrain.config import builtin_config_dir
+    from llmtrain.launch.config_probes import compose_here, validate_here
 
     dirs = [builtin_config_dir(), *(Path(d).expanduser().resolve() for d in config_dirs)]
     combinations = expand(overrides, dirs)
     with naming_the_run(combinations[0].dir_name):
-        sweep_dir = _sweep_dir(compose_config(combinations[0].overrides, config_dirs), overrides)
+        sweep_dir = _sweep_dir(compose_here(combinations[0].overrides, config_dirs), overrides)
     earlier = earlier_sweep(sweep_dir, combinations[0], list(config_dirs))
     runs = []
     for combination in combinations:
         with naming_the_run(combination.dir_name):
-            cfg = compose_config(combination.overrides, config_dirs)
+            cfg = compose_here(combination.overrides, config_dirs)
             cfg.run.dir = os.path.join(sweep_dir, earlier.dir_name(combination))
             cfg.env[SWEEP_NAME_VAR] = os.path.basename(sweep_dir)
             if cfg.cluster.name == "slurm":
                 cfg.cluster.follow = False  # every run is submitted at once; following one would hold the rest
                 if not cfg.cluster.job_name:  # squeue tells the runs apart
                     cfg.cluster.job_name = f"llmtrain-{os.path.basename(sweep_dir)}-{combination.index}"
-            validate(cfg)
+            validate_here(cfg)
         runs.append(SweepRun(combination, cfg))
     return SweepPlan(sweep_dir, list(overrides), list(config_dirs), runs, earlier.runs)
 

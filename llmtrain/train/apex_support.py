@@ -1,4 +1,5 @@
-"""Optional NVIDIA apex for optim.fused=apex: FusedAdam (extension amp_C) and FusedLayerNorm (fused_layer_norm_cuda).
+"""Optional NVIDIA apex for optim.fused=apex: FusedAdam (extension amp_C); FusedLayerNorm (fused_layer_norm_cuda)
+is swapped in by llmtrain.model.apex_norm.
 
 apex is not on PyPI and is only imported here, when asked for; validation has already turned a missing apex (or
 one built without those two extensions) into a one-line error saying how to build it, and a layout whose
@@ -9,20 +10,6 @@ is precision=fp16 (autocast + dynamic loss scaling), and bf16 needs no scaling a
 from __future__ import annotations
 
 import torch
-from torch import nn
-
-
-def fused_layernorm(model: nn.Module) -> None:
-    """Swap every nn.LayerNorm for apex's FusedLayerNorm, keeping the parameters (and so their names)."""
-    from apex.normalization import FusedLayerNorm
-
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if type(child) is nn.LayerNorm:
-                fused = FusedLayerNorm(child.normalized_shape, eps=child.eps,
-                                       elementwise_affine=child.elementwise_affine)
-                fused.weight, fused.bias = child.weight, child.bias
-                setattr(parent, name, fused)
 
 
 def fused_adam(groups: list[dict], train_cfg) -> torch.optim.Optimizer:

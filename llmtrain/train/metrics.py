@@ -1,18 +1,16 @@
-"""metrics.jsonl: one JSON object per logged step (and per eval), appended and flushed as it happens so the
-launcher's live view and `tail -f` see it at once.
-
-The file is only ever appended to; a resume cuts off just the tail of rows past the resumed step. A malformed
-line is skipped by every reader with a one-line warning and left in the file. A file deleted mid-run is recreated
-at the next row from the rows the writer's open file still holds, so no row is lost.
+"""The trainer's writer of metrics.jsonl (the file's format and its readers: llmtrain.rundir.metrics_file), which
+also hands every row to TensorBoard and the experiment trackers. Rows are appended and flushed as they happen so
+the launcher's live view and `tail -f` see them at once. A file deleted mid-run is recreated at the next row from
+the rows the writer's open file still holds, so no row is lost.
 """
 
 from __future__ import annotations
 
-import json
-import math
 import os
-import sys
-from collections.abc import Iterator
+
+from llmtrain.rundir.metrics_file import encode_row, keep_rows_until
+
+from llmtrain.train.trackers.base import scalars
 
 
 class MetricsWriter:
@@ -26,7 +24,7 @@ class MetricsWriter:
         self.tensorboard = None
         self.trackers = trackers
         if tensorboard_dir:
-            from llmtrain.report.tensorboard import TensorBoardWriter
+            from llmtrain.train.trackers.tensorboard import TensorBoardWriter
 
             self.tensorboard = TensorBoardWriter(tensorboard_dir)
         if not path:
@@ -38,13 +36,11 @@ class MetricsWriter:
         if self.file is None:
             return
         self._follow_path()
-        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
-        self.file.write((json.dumps(clean) + "\n").encode())
+        clean, line = encode_row(row)
+        self.file.write(line)
         os.fsync(self.file.fileno())
         if self.tensorboard is not None:
-            prefix = "val/" if "val_loss" in row else "train/"
-            self.tensorboard.add_scalars(row["step"], {prefix + k.replace("val_", ""): v for k, v in row.items()
-                                                       if k != "step"})
+            self.tensorboard.add_scalars(row["step"], scalars(row))
             self.tensorboard.flush()
         if self.trackers is not None:
             self.trackers.log(clean)
@@ -81,94 +77,3 @@ class MetricsWriter:
         if self.trackers is not None:
             self.trackers.finish(status)
             self.trackers = None
-
-
-def _lines(path: str) -> Iterator[tuple[int, int, bytes, dict | None]]:
-    """(line number, byte offset, raw line, row or None if malformed) of every line of the file."""
-    offset = 0
-    with open(path, "rb") as f:
-        for number, raw in enumerate(f, 1):
-            yield number, offset, raw, _parse(raw)
-            offset += len(raw)
-
-
-def _parse(raw: bytes) -> dict | None:
-    try:
-        row = json.loads(raw)
-    except ValueError:
-        return None
-    return row if isinstance(row, dict) else None
-
-
-def _unfinished(raw: bytes, row: dict | None) -> bool:
-    """The last line of a file still being written (or of a writer that was killed mid-line)."""
-    return row is None and not raw.endswith(b"\n")
-
-
-def _warn(path: str, numbers: list[int]) -> None:
-    if numbers:
-        shown = ", ".join(map(str, numbers[:10])) + (f" and {len(numbers) - 10} more" if len(numbers) > 10 else "")
-        print(f"llmtrain: warning: {path}: skipped malformed line(s) {shown} (left in the file)", file=sys.stderr,
-              flush=True)
-
-
-def keep_rows_until(path: str, step: int) -> None:
-    """Drop the rows past `step` (written after the checkpoint a run resumes from; a fresh start, step 0, keeps
-    nothing), and nothing else: rows are in step order, so that is cutting the file's tail; only rows out of
-    order make it rewrite the file."""
-    if not os.path.exists(path) or step == 0:
-        open(path, "w").close()
-        return
-    cut, stray, bad = None, False, []
-    for number, offset, raw, row in _lines(path):
-        if _unfinished(raw, row) or (row is not None and _step(row) > step):
-            cut = offset if cut is None else cut
-        elif cut is not None and row is not None:
-            stray = True  # a row of a kept step after the cut: cutting would lose it
-        elif row is None and cut is None and raw.strip():
-            bad.append(number)
-    _warn(path, bad)
-    if stray:
-        _rewrite_until(path, step)
-    elif cut is not None:
-        os.truncate(path, cut)
-    _end_line(path)
-
-
-def _end_line(path: str) -> None:
-    """A kept last row without its newline (a writer killed between the two) must not run into the next row."""
-    with open(path, "rb+") as f:
-        size = f.seek(0, os.SEEK_END)
-        if size:
-            f.seek(size - 1)
-            if f.read(1) != b"\n":
-                f.write(b"\n")
-
-
-def _step(row: dict) -> int:
-    step = row.get("step")
-    return step if isinstance(step, int) else 0
-
-
-def _rewrite_until(path: str, step: int) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "wb") as f:
-        for _, _, raw, row in _lines(path):
-            if not _unfinished(raw, row) and (row is None or _step(row) <= step):
-                f.write(raw)
-    os.replace(tmp, path)
-
-
-def read_metrics(path: str) -> list[dict]:
-    """Every row of metrics.jsonl; a malformed line is skipped with a warning, one still being written quietly."""
-    rows, bad = [], []
-    try:
-        for number, _, raw, row in _lines(path):
-            if row is not None:
-                rows.append(row)
-            elif raw.strip() and not _unfinished(raw, row):
-                bad.append(number)
-    except FileNotFoundError:
-        pass
-    _warn(path, bad)
-    return rows

@@ -7,9 +7,8 @@ def model_flops(cfg, device_type: str | None = None, log=None) -> tuple[float, f
     """(training FLOPs per token of this model, the device's dense peak FLOPS at the compute dtype, or None when
     no profile knows the device: MFU is then not reported, and `log` says once how to give the peak).
     ConfigError when the GPU lacks the compute dtype (bf16 on a V100 or T4)."""
-    from llmtrain.plan.cli import load_profile
+    from llmtrain.hardware.profiles import load_profile, missing_peak, resolve
     from llmtrain.plan.estimate import flops_per_token, stage_params
-    from llmtrain.plan.hardware import missing_peak, resolve
 
     _, _, non_embedding = stage_params(cfg)
     dtype = cfg.precision.compute_dtype

@@ -1,5 +1,6 @@
 """What a logged step reports: throughput over the steps since the last logged one, a metrics row (loss, lr,
-grad norm, tokens/s, TFLOPS, MFU where the device's peak is known, memory, loss scale) and rank 0's console line.
+grad norm, tokens/s, TFLOPS, MFU where the device's peak is known, memory, loss scale, the data wait, and for
+data=mix the tokens each source has given) and rank 0's console line.
 Reading the loss and grad norm waits for the device, so it happens on logged steps only."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from llmtrain.train.optim import lr_at
 class StepLog:
     def __init__(self, train_cfg, metrics: MetricsWriter, log: Callable[..., None], tokens_per_step: int,
                  flops_per_token: float, peak_flops: float | None, world_size: int, scaler,
-                 memory_gib: Callable[[], float]):
+                 memory_gib: Callable[[], float], feed):
         self.t = train_cfg
         self.metrics = metrics
         self.log = log
@@ -24,12 +25,14 @@ class StepLog:
         self.world_size = world_size
         self.scaler = scaler
         self.memory_gib = memory_gib
+        self.feed = feed  # a DataFeed: data_wait_ms and source_tokens
         self.window_start, self.window_tokens = time.perf_counter(), 0
 
     def due(self, step: int) -> bool:
         return step % self.t.log_interval == 0 or step == self.t.max_steps or step == 1
 
-    def step_done(self, step: int, result, step_time: float, tokens_seen: int, elapsed_s: float) -> None:
+    def step_done(self, step: int, result, step_time: float, tokens_seen: int, elapsed_s: float,
+                  samples_seen: int) -> None:
         self.window_tokens += self.tokens_per_step
         if not self.due(step):
             return
@@ -38,7 +41,11 @@ class StepLog:
         self.window_start, self.window_tokens = now, 0
         row = {"step": step, "loss": float(result.loss), "lr": lr_at(step - 1, self.t),
                "grad_norm": float(result.grad_norm), "tokens_per_s": tokens_per_s, "step_time_s": step_time,
-               "tokens": tokens_seen, "elapsed_s": elapsed_s, "mem_gib": self.memory_gib()}
+               "tokens": tokens_seen, "elapsed_s": elapsed_s, "mem_gib": self.memory_gib(),
+               "data_wait_ms": self.feed.take_wait_ms()}
+        source_tokens = self.feed.source_tokens(samples_seen)
+        if source_tokens is not None:
+            row["source_tokens"] = source_tokens
         # Model FLOPs (no recompute) per device per second, and that over the device's dense peak.
         row["tflops"] = self.flops_per_token * tokens_per_s / self.world_size / 1e12
         if self.peak_flops is not None:
@@ -51,6 +58,12 @@ class StepLog:
                  f"grad_norm {row['grad_norm']:.3f} | {tokens_per_s:,.0f} tok/s | "
                  f"{step_time * 1000:.0f} ms/step | MFU {mfu}", flush=True)
 
-    def eval_done(self, step: int, val_loss: float) -> None:
-        self.metrics.write({"step": step, "val_loss": val_loss})
-        self.log(f"step {step:>6}/{self.t.max_steps} | val_loss {val_loss:.4f}", flush=True)
+    def eval_done(self, step: int, result) -> None:
+        """`result`: an EvalResult (val_loss, and per-source losses for data=mix)."""
+        row = {"step": step, "val_loss": result.val_loss}
+        per_source = ""
+        if result.source_val_loss is not None:
+            row["source_val_loss"] = result.source_val_loss
+            per_source = " | " + " ".join(f"{name} {loss:.4f}" for name, loss in result.source_val_loss.items())
+        self.metrics.write(row)
+        self.log(f"step {step:>6}/{self.t.max_steps} | val_loss {result.val_loss:.4f}{per_source}", flush=True)

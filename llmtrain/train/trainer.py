@@ -15,15 +15,17 @@ from omegaconf import DictConfig
 from torch.distributed.tensor import DTensor
 
 from llmtrain.config.derived import Derived, torch_dtype
-from llmtrain.config.fp8 import check_fp8_node
+from llmtrain.hardware.fp8_device import check_fp8_node
 from llmtrain.checkpoint import store
 from llmtrain.checkpoint.manager import CheckpointManager
-from llmtrain.data import SampleStream, build_dataset
+from llmtrain.checkpoint.pretrained import configured_pretrained
 from llmtrain.parallel.build import ParallelModel, build_parallel_model
 from llmtrain.parallel.grad_norm import clip_grad_norm_
 from llmtrain.parallel.layout import ParallelDims
 from llmtrain.parallel.mesh import build_mesh
 from llmtrain.train.loss_scale import DynamicLossScaler
+from llmtrain.train.data_feed import DataFeed
+from llmtrain.train.evaluation import EvalResult, evaluate
 from llmtrain.train.memory import PeakMemory, SavedActivations
 from llmtrain.train.mfu import model_flops
 from llmtrain.train.fault_injection import gradient_fault
@@ -76,15 +78,15 @@ class Trainer:
         self.pp_group = self.mesh.pp.get_group()
         self.compute_dtype = torch_dtype(cfg.precision.compute_dtype)
 
-        self.model: ParallelModel = build_parallel_model(cfg, self.dims, self.mesh, device)
+        self.model: ParallelModel = build_parallel_model(cfg, self.dims, self.mesh, device,
+                                                           configured_pretrained(cfg.model))
         self.params = self.model.parameters()
         self.fused = resolve_fused(cfg.optim.fused, device.type)
         self.optimizer = build_optimizer(self.model.parts, cfg.train, self.fused)
         p = cfg.precision
         self.scaler = DynamicLossScaler(p.init_scale, p.growth_factor, p.backoff_factor, p.growth_interval,
                                         enabled=p.name == "fp16")
-        self.dataset = build_dataset(cfg.data, cfg.model, cfg.train.seed)
-        self.stream = SampleStream(self.dataset, cfg.train.seed)
+        self.feed = DataFeed(cfg, device, self.dp_rank, self.dims.dp)
         self.accum = Derived.of(cfg).micro_batches
         self.profiler = StepProfiler(cfg.profile.steps, os.path.join(run_dir, "profile"), self.rank, device)
         self.step = 0
@@ -140,15 +142,8 @@ class Trainer:
         """Mean cross entropy in fp32; under TP the logits stay vocab-sharded (loss_parallel, no full gather)."""
         return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
 
-    def _batch(self, split: str, step: int, micro_step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        t = self.cfg.train
-        offset = self.samples_seen if split == "train" else None
-        x, y = self.stream.batch(split, step, micro_step, self.dp_rank, self.dims.dp, t.micro_batch_size,
-                                 t.global_batch_size, sample_offset=offset)
-        if self.device.type == "cuda":
-            # A copy from pageable memory waits for the GPU; from pinned memory it queues behind the running step.
-            x, y = x.pin_memory(), y.pin_memory()
-        return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+    def plain_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return plain(self.loss_fn(logits, targets))
 
     def forward_backward(self) -> torch.Tensor:
         """Run all micro-batches of this step on this dp rank; return the mean loss (valid on last pp stage)."""
@@ -157,7 +152,7 @@ class Trainer:
         total = torch.zeros((), device=self.device)
         model = self.model.parts[0]
         for m in range(self.accum):
-            x, y = self._batch("train", self.step, m)
+            x, y = self.feed.train_batch(self.step, m, self.samples_seen)
             # Reduce gradients across dp only after the last micro-batch.
             self.model.set_gradient_sync(m == self.accum - 1)
             measure = self.step == 0 and m == 0  # activation bytes of one micro-batch, for `plan`'s checks
@@ -170,10 +165,10 @@ class Trainer:
         return total / self.accum
 
     def _pipeline_forward_backward(self) -> torch.Tensor:
-        batches = [self._batch("train", self.step, m) for m in range(self.accum)]
-        return self._run_pipeline(batches, train=True)
+        batches = [self.feed.train_batch(self.step, m, self.samples_seen) for m in range(self.accum)]
+        return self.run_pipeline(batches, train=True)
 
-    def _run_pipeline(self, batches: list[tuple[torch.Tensor, torch.Tensor]], train: bool) -> torch.Tensor:
+    def run_pipeline(self, batches: list[tuple[torch.Tensor, torch.Tensor]], train: bool) -> torch.Tensor:
         """All micro-batches through the pipeline schedule (step = forward + backward, eval = forward only);
         the mean loss on the last stage, zero elsewhere."""
         x = torch.cat([b[0] for b in batches])
@@ -265,22 +260,8 @@ class Trainer:
             "block_matrix_params": sum(nbytes(p) for n, p in named if n.startswith("layers.") and p.dim() == 2),
         }
 
-    # ---- evaluation ----------------------------------------------------------------------------------------------
-    @torch.no_grad()
-    def evaluate(self) -> float:
-        """Mean loss over train.eval_steps global batches of the validation split (same samples in any layout)."""
-        for part in self.model.parts:
-            part.eval()
-        total = torch.zeros((), device=self.device)
-        for i in range(self.cfg.train.eval_steps):
-            batches = [self._batch("val", i, m) for m in range(self.accum)]
-            if self.model.pipeline is not None:
-                total += self._run_pipeline(batches, train=False)
-                continue
-            for x, y in batches:
-                with self.model.loss_context(), self.autocast():
-                    total += plain(self.loss_fn(self.model.parts[0](x), y)).float() / self.accum
-        return float(self.global_mean_loss(total / max(1, self.cfg.train.eval_steps)))
+    def evaluate(self) -> EvalResult:
+        return evaluate(self)
 
     # ---- the loop ------------------------------------------------------------------------------------------------
     def memory_gib(self) -> float:
@@ -313,14 +294,16 @@ class Trainer:
             self._close()
             return
         step_log = StepLog(t, self.metrics, self.log, Derived.of(self.cfg).tokens_per_step, self.flops_per_token,
-                           self.peak_flops, dist.get_world_size(), self.scaler, self.memory_gib)
+                           self.peak_flops, dist.get_world_size(), self.scaler, self.memory_gib, self.feed)
         while self.step < last:
             result, step_time = self._timed_step(first_step)
             self.step += 1
             self.samples_seen += t.global_batch_size
             self.tokens_seen += step_log.tokens_per_step
+            for line in self.feed.step_done(self.step, self.samples_seen - t.global_batch_size, self.samples_seen):
+                self.log(line, flush=True)
             self._check_bad_step(result)
-            step_log.step_done(self.step, result, step_time, self.tokens_seen, self.elapsed_s())
+            step_log.step_done(self.step, result, step_time, self.tokens_seen, self.elapsed_s(), self.samples_seen)
             if t.eval_interval and t.eval_steps and (self.step % t.eval_interval == 0 or self.step == t.max_steps):
                 step_log.eval_done(self.step, self.evaluate())
             self.ckpt.poll()
@@ -337,8 +320,10 @@ class Trainer:
             if first_step else ""
         ended = "done" if self.step >= t.max_steps else \
             f"stopped at step {self.step} of {t.max_steps} (train.stop_at_step)"
-        self.log(f"llmtrain: {ended}, {self.step} steps, {self.tokens_seen:,} tokens in {self.elapsed_s():.1f} s"
-                 f"{resumed}", flush=True)
+        per_source = self.feed.source_tokens(self.samples_seen)
+        sources = " (" + ", ".join(f"{name} {n:,}" for name, n in per_source.items()) + ")" if per_source else ""
+        self.log(f"llmtrain: {ended}, {self.step} steps, {self.tokens_seen:,} tokens{sources} in "
+                 f"{self.elapsed_s():.1f} s{resumed}", flush=True)
 
     def _describe(self) -> None:
         t, m = self.cfg.train, self.cfg.model

@@ -31,14 +31,25 @@ class Tracker:
         raise NotImplementedError
 
 
+# A data=mix row's per-source dicts become one scalar per source under these prefixes.
+PER_SOURCE = {"source_tokens": "source_tokens/", "source_val_loss": "val_loss/"}
+# Scalars named as they are, without the train/ or val/ prefix.
+UNPREFIXED = ("data_wait_ms",)
+
+
+def _finite_number(value) -> bool:
+    return not isinstance(value, bool) and isinstance(value, numbers.Real) and math.isfinite(value)
+
+
 def scalars(row: dict) -> dict[str, float]:
-    """A row's numbers under the names TensorBoard also gets (train/loss, val/loss, ...); the step is the x-axis,
-    and missing or non-finite values are left out."""
+    """A row's numbers under the names TensorBoard also gets (train/loss, val/loss, data_wait_ms,
+    source_tokens/<name>, val_loss/<name>, ...); the step is the x-axis, and missing or non-finite values are left
+    out."""
     prefix = "val/" if "val_loss" in row else "train/"
     out = {}
     for key, value in row.items():
-        if key == "step" or isinstance(value, bool) or not isinstance(value, numbers.Real):
-            continue
-        if math.isfinite(value):
-            out[prefix + key.replace("val_", "")] = value
+        if key in PER_SOURCE and isinstance(value, dict):
+            out.update({PER_SOURCE[key] + str(name): v for name, v in value.items() if _finite_number(v)})
+        elif key != "step" and _finite_number(value):
+            out[key if key in UNPREFIXED else prefix + key.replace("val_", "")] = value
     return out

@@ -7,13 +7,9 @@ from __future__ import annotations
 import functools
 import time
 
-from llmtrain.config.errors import ConfigError
-from llmtrain.plan.gpu_names import profile_for
+from llmtrain.config.hardware_keys import check_dtype, parse_capability
+from llmtrain.hardware.gpu_names import profile_for
 
-# Keys of hardware.peak_tflops: the precision.compute_dtype names, plus tf32 and fp8 (e4m3 and e5m2 share a peak).
-PEAK_DTYPES = ("float32", "tfloat32", "bfloat16", "float16", "float8")
-# Dtypes a GPU may lack; a GPU profile without a peak for one does not have it (fp32 and fp16 every GPU runs).
-OPTIONAL_DTYPES = {"bfloat16": "bf16", "float8": "fp8"}
 UNKNOWN_GPU = "gpu"
 
 
@@ -57,28 +53,21 @@ def device_memory_gib() -> float:
     return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / 2**30
 
 
-def parse_capability(text) -> tuple[int, int] | None:
-    """A capability as (major, minor): "9.0" is (9, 0), None stays None; ValueError for anything else."""
-    if text is None:
-        return None
-    major, dot, minor = str(text).partition(".")
-    if not (dot and major.isdigit() and minor.isdigit()):
-        raise ValueError(f"must be 'major.minor' such as \"9.0\", or null (got {text})")
-    return int(major), int(minor)
-
-
 def profile_compute_capability(cfg) -> tuple[int, int] | None:
     """The compute capability of the configured profile; None for AMD, CPU and hardware=auto (known at run time
     only: resolve() reports the detected one)."""
     return parse_capability(cfg.hardware.compute_capability)
 
 
-def check_dtype(peaks: dict, name: str, compute_dtype: str, device: str | None = None) -> None:
-    """ConfigError (key `precision`) when a GPU profile lists peaks but none for an optional compute dtype."""
-    short = OPTIONAL_DTYPES.get(compute_dtype)
-    if short and peaks and compute_dtype not in peaks:
-        found = f" (detected: {device})" if device else ""
-        raise ConfigError("precision", f"hardware={name}{found} has no {short}; use precision=fp16")
+def load_profile(name: str):
+    """configs/hardware/NAME.yaml typed as the hardware section."""
+    from omegaconf import OmegaConf
+
+    from llmtrain.config import builtin_config_dir
+    from llmtrain.config.schema import HardwareConfig
+
+    path = builtin_config_dir() / "hardware" / f"{name}.yaml"
+    return OmegaConf.merge(OmegaConf.structured(HardwareConfig), OmegaConf.load(path))
 
 
 def missing_peak(hw: dict, compute_dtype: str) -> str:

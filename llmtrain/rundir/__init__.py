@@ -1,0 +1,1 @@
+"""A run directory's files and their formats, read and written through one place."""
