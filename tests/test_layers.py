@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "llmtrain"
 
 # From the ground up; names on one line form one layer and may import each other.
 LAYERS = [
-    ("", "config", "configs", "console", "closed_stdout"),  # "" is the package root (its version)
+    ("", "config", "configs", "console", "closed_stdout", "slurm"),  # "" is the package root (its version)
     ("hardware", "rundir"),
     ("model", "data"),
     ("parallel",),
@@ -24,7 +24,7 @@ LAYERS = [
     ("launch", "jobs", "worker"),
     ("sweep",),
     ("report",),
-    ("doctor", "doctor_bandwidth", "doctor_preflight", "doctor_report", "doctor_worker"),
+    ("doctor",),
     ("cli", "__main__"),
 ]
 LAYER_OF = {name: level for level, names in enumerate(LAYERS) for name in names}
