@@ -18,6 +18,7 @@ from llmtrain.launch.config_probes import validate_here
 from llmtrain.data.identity import data_changes, data_identity
 from llmtrain.data.mixture_config import source_names
 from llmtrain.launch.container import own_paths
+from test_data_identity import flip
 
 SEQ = 128  # gpt-tiny's model.seq_len
 
@@ -191,14 +192,6 @@ def test_dry_run_prints_each_source_and_warns_of_repeats(data, tmp_path, capsys,
     assert code_epochs > 4 > 0.75 * samples / web_windows  # only code is over the line
     assert f"llmtrain: warning: source code would be repeated {code_epochs:.1f} times" in out
     assert "source web would be repeated" not in out and not (tmp_path / "run").exists()
-
-
-def flip(path, offset: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        byte = f.read(1)
-        f.seek(offset)
-        f.write(bytes([byte[0] ^ 0xFF]))
 
 
 def mix_cfg(*entries: dict):
