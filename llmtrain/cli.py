@@ -17,13 +17,11 @@ def _config_groups_help() -> str:
 
     try:
         from llmtrain.config.compose import builtin_config_dir
-        from llmtrain.config.validate import RETIRED_OPTIONS
 
         groups = sorted((d for d in builtin_config_dir().iterdir() if d.is_dir() and d.name[0] not in "._"),
                         key=lambda d: d.name)
         width = max(len(d.name) for d in groups) + 2
-        return "\n".join(textwrap.fill(", ".join(sorted(f.stem for f in d.glob("*.yaml")
-                                                         if f.stem not in RETIRED_OPTIONS.get(d.name, ()))),
+        return "\n".join(textwrap.fill(", ".join(sorted(f.stem for f in d.glob("*.yaml"))),
                                        width=100,
                                        initial_indent=f"  {d.name:<{width}}", subsequent_indent=" " * (width + 2),
                                        break_on_hyphens=False)

@@ -9,7 +9,6 @@ import sys
 from conftest import REPO, run_cli
 
 from llmtrain.config import builtin_config_dir
-from llmtrain.config.validate import RETIRED_OPTIONS
 
 GROUPS = {d.name: sorted(f.stem for f in d.glob("*.yaml"))
           for d in builtin_config_dir().iterdir() if d.is_dir() and d.name[0] not in "._"}
@@ -33,9 +32,8 @@ def test_help_lists_every_config_group_and_its_options():
         elif line.strip():
             listed[group] += " " + line.strip()
     assert set(listed) == set(GROUPS)
-    for group, options in GROUPS.items():  # every option but the retired ones (apex-o1, apex-o2)
-        usable = [o for o in options if o not in RETIRED_OPTIONS.get(group, ())]
-        assert [o.strip() for o in listed[group].split(",")] == usable, group
+    for group, options in GROUPS.items():
+        assert [o.strip() for o in listed[group].split(",")] == options, group
 
 
 def test_help_does_not_import_torch():

@@ -113,34 +113,22 @@ def check_override_habits(overrides: Sequence[str], groups: set[str]) -> None:
         if key.startswith("+") and bare in groups and eq:
             raise ConfigError(bare, f"'{bare}' is a config group that always has an option; choose it with "
                                     f"{bare}={value} (no '+')")
-        if eq and _is_sweep(value):
+        if eq and _is_sweep(override):
             raise ConfigError(bare, f"'{value}' is several values (a sweep), and llmtrain launch runs one "
                                     f"configuration: give one value (a value holding a comma is quoted: "
                                     f"{bare}='\"a,b\"'), or use -m to sweep (llmtrain launch -m ...)")
 
 
-def _is_sweep(value: str) -> bool:
-    """A bare comma list or a sweep function (range, choice, glob) as Hydra's multirun reads it."""
-    v = value.strip()
-    if v.startswith(("range(", "choice(", "glob(", "interval(")):
-        return True
-    depth, quote, escaped = 0, None, False
-    for ch in v:
-        if escaped:  # a backslash-escaped character (Hydra writes a comma inside a value as \,)
-            escaped = False
-        elif ch == "\\" and not quote:
-            escaped = True
-        elif quote:
-            quote = None if ch == quote else quote
-        elif ch in "'\"":
-            quote = ch
-        elif ch in "[{(":
-            depth += 1
-        elif ch in "]})":
-            depth -= 1
-        elif ch == "," and depth == 0:
-            return True
-    return False
+def _is_sweep(override: str) -> bool:
+    """Whether Hydra's multirun reads `override` as several values (a comma list, range, choice, glob, interval).
+    One Hydra cannot parse is not a sweep here: composing it names the key with Hydra's own message."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        return OverridesParser.create().parse_override(override).is_sweep_override()
+    except HydraException:
+        return False
 
 
 # Config keys that are Python keywords cannot be dataclass fields: the schema holds them under another name.
@@ -269,19 +257,16 @@ def _hydra_error(e: Exception, overrides: Sequence[str]) -> ConfigError:
 
     text = str(e)
     if isinstance(e, MissingConfigException):
-        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-        missing = next((ln for ln in lines if "Could not find" in ln), lines[0] if lines else text)
-        group = None
-        if "'" in missing:
-            target = missing.split("Could not find", 1)[-1].strip().strip("'")
-            group, _, option = target.rpartition("/")
-        if group:
-            from llmtrain.config.validate import RETIRED_OPTIONS
+        group, _, option = (e.missing_cfg_file or "").rpartition("/")
+        if not group:
+            return ConfigError("config", _first_line(text))
+        from llmtrain.config.validate import RETIRED_OPTIONS
 
-            options = [o for o in _available_options(lines) if o not in RETIRED_OPTIONS.get(group, ())]
-            avail = f" (available: {', '.join(options)})" if options else ""
-            return ConfigError(group, f"no config option '{option}' in group '{group}'{avail}")
-        return ConfigError("config", _first_line(text))
+        if option in RETIRED_OPTIONS.get(group, {}):
+            return ConfigError(group, f"{option} is retired: {RETIRED_OPTIONS[group][option]}")
+        options = list(e.options or ())
+        avail = f" (available: {', '.join(options)})" if options else ""
+        return ConfigError(group, f"no config option '{option}' in group '{group}'{avail}")
     if isinstance(e, OverrideParseException):
         return quoting_error(e.override, _first_line(text))
     cause = e.__cause__ or e.__context__
@@ -298,16 +283,3 @@ def _hydra_error(e: Exception, overrides: Sequence[str]) -> ConfigError:
         key = first.split("'")[1] if "'" in first else "override"
         return ConfigError(key, "cannot delete: no such key")
     return ConfigError("override", first)
-
-
-def _available_options(lines: list[str]) -> list[str]:
-    options, collecting = [], False
-    for ln in lines:
-        if ln.startswith("Available options"):
-            collecting = True
-            continue
-        if collecting:
-            if ln.startswith("Config search path") or ln.startswith("provider="):
-                break
-            options.append(ln)
-    return options

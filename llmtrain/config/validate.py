@@ -12,12 +12,11 @@ from llmtrain.config.errors import ConfigError
 from llmtrain.config.schema import SINGLE_STAGE_SCHEDULES, V_SHAPED_SCHEDULES, LLMTrainConfig, ModelConfig
 
 
-# apex amp's opt levels: their configs stay so that asking for them gets this answer instead of "no such option".
-RETIRED_PRECISIONS = ("apex-o1", "apex-o2")
-RETIRED_OPTIONS = {"precision": RETIRED_PRECISIONS}  # kept out of the options llmtrain lists
 APEX_AMP_GONE = ("current NVIDIA apex has no amp (apex.amp was removed); precision=fp16 is the O1 recipe "
                  "(autocast + dynamic loss scaling starting at 2^16) and precision=bf16 the modern default "
                  "(no loss scaling needed)")
+# Options that once existed: asking for one gets this answer instead of "no such option" (group -> option -> why).
+RETIRED_OPTIONS = {"precision": {"apex-o1": APEX_AMP_GONE, "apex-o2": APEX_AMP_GONE}}
 
 
 def _require(ok: bool, key: str, message: str) -> None:
@@ -270,11 +269,6 @@ def _validate_hardware(cfg: DictConfig) -> None:
         check_dtype(dict(hw.peak_tflops), hw.name, cfg.precision.compute_dtype)
 
 
-def _validate_precision_retired(cfg: DictConfig) -> None:
-    name = cfg.precision.name
-    _require(name not in RETIRED_PRECISIONS, "precision", f"{name} is retired: {APEX_AMP_GONE}")
-
-
 def _validate_precision(cfg: DictConfig) -> None:
     pr = cfg.precision
     if pr.name == "fp8":  # before the hardware rules, whose answer for a GPU without bf16 would be fp16
@@ -312,7 +306,6 @@ def _validate_cluster(cfg: DictConfig) -> None:
 
 # In the order they run: the cluster first (the world size every later rule divides).
 SECTIONS: tuple[tuple[str, Probe], ...] = (
-    ("retired", _validate_precision_retired),
     ("choices", lambda cfg: _validate_choices(cfg, LLMTrainConfig, "")),
     ("cluster", _validate_cluster),
     ("model", _validate_model),

@@ -21,7 +21,9 @@ from llmtrain.model.llama import Rotary
 _RESIDUAL_PROJECTIONS = ("attn.proj.weight", "mlp.proj.weight")
 
 
-def stable_seed(seed: int, name: str) -> int:
+def parameter_seed(seed: int, name: str) -> int:
+    """The generator seed of parameter `name`: fixed hash of "seed:name", so every layout draws the same values
+    (changing the hash would change every fresh run's initial weights)."""
     digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
@@ -34,7 +36,7 @@ def full_init_value(name: str, shape: torch.Size, seed: int, std: float, n_layer
         return torch.ones(shape)
     if name.endswith(_RESIDUAL_PROJECTIONS):
         std = std / math.sqrt(2 * n_layers)
-    gen = torch.Generator().manual_seed(stable_seed(seed, name))
+    gen = torch.Generator().manual_seed(parameter_seed(seed, name))
     return torch.randn(shape, generator=gen) * std
 
 
