@@ -346,7 +346,7 @@ def test_unreachable_mlflow_server_is_a_warning(tmp_path, capsys, monkeypatch):
 def test_missing_package_is_one_line_exit_2_before_launch(package, tmp_path, capsys, monkeypatch):
     from llmtrain.cli import main
 
-    from llmtrain.config import extras
+    from llmtrain import extras
 
     real = extras.find_spec
     monkeypatch.setattr(extras, "find_spec", lambda name: None if name == package else real(name))

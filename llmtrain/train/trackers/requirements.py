@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llmtrain.config.extras import missing_extra
+from llmtrain.extras import missing_extra
 
 # Config key -> the package it needs, which is also the name of the extra that installs it.
 PACKAGES = {"logging.wandb": "wandb", "logging.mlflow": "mlflow"}

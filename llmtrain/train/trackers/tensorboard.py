@@ -12,7 +12,7 @@ import os
 import struct
 
 from llmtrain.config.errors import ConfigError
-from llmtrain.config.extras import missing_extra
+from llmtrain.extras import missing_extra
 
 INSTALL = "pip install 'llmtrain[tensorboard]' (in a checkout: pip install -e '.[tensorboard]')"
 # Every event file llmtrain writes ends in this, after the name TensorBoard gives it.
