@@ -10,7 +10,7 @@ import sys
 from dataclasses import dataclass
 
 from llmtrain.config.errors import ConfigError
-from llmtrain.console import get_console
+from llmtrain.console import say
 from llmtrain.data.errors import DataError
 from llmtrain.sweep import SWEEP_NAME_VAR, record
 from llmtrain.sweep.plan import SweepPlan, SweepRun, naming_the_run, plan_sweep
@@ -39,10 +39,6 @@ def run_sweep(args) -> int:
     say(f"sweep {plan.name}: {len(plan.runs)} run(s) in {plan.dir} (combinations in {record.sweep_file(plan.dir)})")
     outcomes, stop_code = _run_all(plan, args.fail_fast)
     return _summary(plan, outcomes, stop_code)
-
-
-def say(text: str) -> None:
-    get_console().print(f"llmtrain: {text}", markup=False, highlight=False, soft_wrap=True)
 
 
 def _check_ready(plan: SweepPlan) -> None:
