@@ -239,7 +239,9 @@ def hydra_flag_error(argv: list[str]) -> str | None:
     for arg in argv:
         flag = arg.split("=", 1)[0]
         if flag in HYDRA_FLAGS and not (command == "launch" and flag in LAUNCH_FLAGS):
-            return f"llmtrain: error: {flag} is a flag of Hydra apps; {HYDRA_FLAGS[flag]}"
+            from llmtrain.console import error_line
+
+            return error_line(f"{flag} is a flag of Hydra apps; {HYDRA_FLAGS[flag]}")
     return None
 
 

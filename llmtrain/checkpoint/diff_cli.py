@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import os
 
-EXIT_SAME, EXIT_DIFFERENT = 0, 1
+from llmtrain.errors import EXIT_FAILED, EXIT_OK
+
+EXIT_SAME, EXIT_DIFFERENT = EXIT_OK, EXIT_FAILED
 
 
 def add_diff_arguments(parser: argparse.ArgumentParser) -> None:

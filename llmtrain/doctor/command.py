@@ -24,12 +24,12 @@ from llmtrain.config.errors import ConfigError
 from llmtrain.console import get_console, plain
 from llmtrain.doctor.node_availability import nodes_ready
 from llmtrain.doctor.findings import problems, render
+from llmtrain.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from llmtrain.launch.backends.registry import get_backend
 from llmtrain.launch.supervision.monitor import Monitor
 
 WORKER = "llmtrain.doctor.rank_probe"
-EXIT_PROBLEM = 1
-EXIT_INTERRUPTED = 130
+EXIT_PROBLEM = EXIT_FAILED
 
 
 def results_dir(base: str, now: float | None = None) -> str:
@@ -113,4 +113,4 @@ def run_doctor(cfg: DictConfig, max_bytes: int | None, iters: int) -> int:
     if not found:
         console.print("[bold green]llmtrain doctor: all ranks agree; collectives work[/]")
     plain(f"llmtrain doctor: report in {path}", console=console)
-    return EXIT_PROBLEM if found else 0
+    return EXIT_PROBLEM if found else EXIT_OK

@@ -11,11 +11,13 @@ import time
 
 from llmtrain.closed_stdout import ReaderGone, stdout_reader_gone
 from llmtrain.console import get_console, plain, say
+from llmtrain.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED
 from llmtrain.jobs import rundir
 from llmtrain.jobs.job_state import FAILED, FINISHED, INTERRUPTED, PREEMPTED, STOPPED, UNKNOWN, JobState, job_state
 from llmtrain.jobs.status import facts
 
-EXIT_BY_STATE = {FINISHED: 0, STOPPED: 0, FAILED: 1, INTERRUPTED: 130, PREEMPTED: 143, UNKNOWN: 1}
+EXIT_BY_STATE = {FINISHED: EXIT_OK, STOPPED: EXIT_OK, FAILED: EXIT_FAILED, INTERRUPTED: EXIT_INTERRUPTED,
+                 PREEMPTED: EXIT_PREEMPTED, UNKNOWN: EXIT_FAILED}
 SLURM_POLL_S = 2.0  # how often scontrol is asked, as the launcher does
 
 
@@ -47,7 +49,7 @@ class JobWatch:
         if job.live and (job.state, job.job_id) != (self.job.state, self.job.job_id):
             say(f"{job.state}: {job.reason}", console=self.console)
         self.job = job
-        return None if job.live else EXIT_BY_STATE.get(job.state, 1)
+        return None if job.live else EXIT_BY_STATE.get(job.state, EXIT_FAILED)
 
 
 def run_follow(args) -> int:
@@ -61,7 +63,7 @@ def run_follow(args) -> int:
         return EXIT_BY_STATE[UNKNOWN]
     if not job.live:
         plain(summary(run_dir, cfg, job), console=console)
-        return EXIT_BY_STATE.get(job.state, 1)
+        return EXIT_BY_STATE.get(job.state, EXIT_FAILED)
     say(f"following {run_dir}: {job.state}, {job.reason} (Ctrl-C stops following; the job "
         "keeps running)", console=console)
     monitor = Monitor(run_dir, cfg.train.max_steps, console, nnodes=cfg.cluster.nnodes,
@@ -77,6 +79,6 @@ def run_follow(args) -> int:
         monitor.follow(poll)
     except (KeyboardInterrupt, ReaderGone):
         say("stopped following; the job keeps running", console=console)
-        return 0
+        return EXIT_OK
     plain(summary(run_dir, cfg, watch.job), console=console)
-    return EXIT_BY_STATE.get(watch.job.state, 1)
+    return EXIT_BY_STATE.get(watch.job.state, EXIT_FAILED)

@@ -14,8 +14,8 @@ from rich.table import Table
 
 from llmtrain.config import to_yaml
 from llmtrain.config.errors import ConfigError
-from llmtrain.data.errors import DataError
 from llmtrain.console import fold_table, get_console, plain, say
+from llmtrain.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED, LlmtrainError
 from llmtrain.jobs.record import LaunchRecord
 from llmtrain.jobs.job_state import stopped_short
 from llmtrain.launch import run_identity
@@ -28,9 +28,6 @@ from llmtrain.launch.run_lock import RunDirLock
 from llmtrain.parallel.layout import ParallelDims
 from llmtrain.train.trackers.stores import check_tracker_stores
 
-EXIT_FAILED = 1
-EXIT_INTERRUPTED = 130
-EXIT_PREEMPTED = 143
 
 
 class PreemptRequest(BaseException):
@@ -82,7 +79,7 @@ def dry_run(cfg: DictConfig) -> int:
     plain(backend.preview(), console=console)
     line = fit.line if fit is not None else memory_unknown_line(cfg)
     plain(line, console=console)
-    return 0
+    return EXIT_OK
 
 
 def prepare_run_dir(cfg: DictConfig) -> str:
@@ -181,7 +178,7 @@ def launch(cfg: DictConfig) -> int:
         except OSError as e:
             raise ConfigError("run.dir", f"cannot write the run directory {run_dir}: {e.strerror or e}") from None
         return _run(cfg, backend, console)
-    except (ConfigError, DataError):  # refused before the job started (a conflict, sbatch, the data cache)
+    except LlmtrainError:  # refused before the job started (a conflict, sbatch, the data cache, a damaged checkpoint)
         lock.release()
         if not existed:
             shutil.rmtree(run_dir, ignore_errors=True)
