@@ -17,7 +17,6 @@ from .prepare_run import PrepareResult, prepare_tokens, skip_summary
 from .tokenfile import meta_path
 
 
-
 def add_prepare_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--input",

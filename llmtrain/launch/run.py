@@ -29,7 +29,6 @@ from llmtrain.parallel.layout import ParallelDims
 from llmtrain.train.trackers.stores import check_tracker_stores
 
 
-
 class PreemptRequest(BaseException):
     """SIGTERM / SIGUSR1 reached the launcher: checkpoint and stop (cluster preemption). A BaseException, like
     KeyboardInterrupt: code that turns any Exception into an error message (config composition) must not eat it."""
