@@ -97,7 +97,8 @@ def test_say_and_error_line_write_exact_plain_lines(tmp_path):
         "  model.d_model: 64 -> 128\n"
         "llmtrain: error: /runs/a/__0_0.distcp: checkpoint file is missing\n"
         "llmtrain: error: train.lr: must be > 0, not [-1]\n").encode()
-    assert error_line(DataError("data.path", "no such file: a.bin")) == "llmtrain: error: data.path: no such file: a.bin"
+    line = error_line(DataError("data.path", "no such file: a.bin"))
+    assert line == "llmtrain: error: data.path: no such file: a.bin"
 
 
 def test_say_err_goes_to_stderr_only(capsys):
