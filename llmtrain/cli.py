@@ -7,8 +7,7 @@ import signal
 import sys
 
 from llmtrain import __version__
-
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+from llmtrain.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED, EXIT_USAGE, LlmtrainError
 
 def _config_groups_help() -> str:
     """One line per built-in config group (each folder of configs/) with its options: read from the folders, so
@@ -238,7 +237,9 @@ def hydra_flag_error(argv: list[str]) -> str | None:
     for arg in argv:
         flag = arg.split("=", 1)[0]
         if flag in HYDRA_FLAGS and not (command == "launch" and flag in LAUNCH_FLAGS):
-            return f"llmtrain: error: {flag} is a flag of Hydra apps; {HYDRA_FLAGS[flag]}"
+            from llmtrain.console import error_line
+
+            return error_line(f"{flag} is a flag of Hydra apps; {HYDRA_FLAGS[flag]}")
     return None
 
 
@@ -250,9 +251,6 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     parser = build_parser()
     args = parser.parse_args(argv)
-    from llmtrain.config.errors import ConfigError
-    from llmtrain.data import DataError
-
     try:
         if args.command == "launch":
             return cmd_launch(args)
@@ -298,9 +296,10 @@ def main(argv: list[str] | None = None) -> int:
             return run_export(args)
         parser.print_help()
         return EXIT_USAGE
-    except (ConfigError, DataError) as e:
-        print(f"llmtrain: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
+    except LlmtrainError as e:  # the one place an error becomes an exit code: the one it carries
+        from llmtrain.console import fail
+
+        return fail(e)
 
 
 def _compose(args):
@@ -326,7 +325,7 @@ def cmd_launch(args) -> int:
 
         return run_sweep(args)
     if args.fail_fast:
-        from llmtrain.config.errors import ConfigError
+        from llmtrain.errors import ConfigError
 
         raise ConfigError("--fail-fast", "stops a sweep at its first failed run: use it with -m")
     cfg = _compose(args)
@@ -355,7 +354,7 @@ def entry() -> None:
 
 
 def _main_with_signals(early: list[int]) -> int:
-    from llmtrain.launch.run import EXIT_PREEMPTED, PreemptRequest, raise_preempt
+    from llmtrain.launch.run import PreemptRequest, raise_preempt
     from llmtrain.launch.supervision.stopping import stopped_early
 
     # SIGTERM / SIGUSR1 (cluster preemption): checkpoint, then stop. Ctrl-C (SIGINT): stop now. Either one that

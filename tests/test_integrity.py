@@ -390,11 +390,12 @@ def saved_run(tmp_path_factory):
 
 
 def _refused(run: Path, needle: str) -> str:
-    """Launch over a damaged run: exit 2 with one line containing `needle`, before anything started."""
+    """Launch over a damaged checkpoint: exit 1 (a failure, not bad input) with one line containing `needle`, before
+    anything started."""
     before = {p: p.read_bytes() for p in [run / "metrics.jsonl", run / "logs" / "rank0.log"]}
     result = run_cli(["launch", f"run.dir={run}", *BASE, "cluster.nproc_per_node=1", "train.max_steps=6",
                       "checkpoint.interval=2", "checkpoint.keep=5"])
-    assert result.returncode == 2, result.stdout[-2000:]
+    assert result.returncode == 1, result.stdout[-2000:]
     err = result.stderr.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("llmtrain: error: ") and needle in err[0], result.stderr
     assert "run directory" not in result.stdout  # no job was started

@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "llmtrain"
 
 # From the ground up; names on one line form one layer and may import each other.
 LAYERS = [
-    ("", "config", "configs", "console", "closed_stdout", "extras", "slurm"),  # "" is the package root (its version)
+    ("", "errors", "config", "configs", "console", "closed_stdout", "extras", "slurm"),  # "" is the package root
     ("hardware", "rundir"),
     ("model", "data"),
     ("parallel",),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from llmtrain.checkpoint.store import CheckpointError
+from llmtrain.checkpoint.store import CheckpointUsageError
 from llmtrain.config.compose import flat_keys, to_plain
 
 # Keys that fix parameter shapes: resuming with another value cannot load the weights.
@@ -29,13 +29,13 @@ def config_diff(old: DictConfig, new: DictConfig) -> list[tuple[str, object, obj
 
 
 def check_resumable(old: DictConfig, new: DictConfig, path: str) -> list[tuple[str, object, object]]:
-    """The differences; raises CheckpointError when a shape-defining key differs."""
+    """The differences; raises CheckpointUsageError when a shape-defining key differs."""
     diff = config_diff(old, new)
     keys = shape_keys(new) if old.model.arch == new.model.arch else SHAPE_KEYS
     shape = [(k, x, y) for k, x, y in diff if k in keys]
     if shape:
         what = ", ".join(f"{k} {x} -> {y}" for k, x, y in shape)
-        raise CheckpointError("checkpoint.resume", f"model shape differs from the checkpoint {path}: {what} "
+        raise CheckpointUsageError("checkpoint.resume", f"model shape differs from the checkpoint {path}: {what} "
                                                    "(use checkpoint.resume=none or another run.dir to start fresh)")
     return diff
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import os
 
-EXIT_SAME, EXIT_DIFFERENT = 0, 1
+from llmtrain.errors import EXIT_FAILED, EXIT_OK
+
+EXIT_SAME, EXIT_DIFFERENT = EXIT_OK, EXIT_FAILED
 
 
 def add_diff_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,16 +51,16 @@ def report(result, atol: float) -> list[str]:
 
 
 def run_diff(args: argparse.Namespace) -> int:
-    """0 when identical within --atol, 1 when they differ; bad input is a CheckpointError (exit 2)."""
-    from llmtrain.checkpoint.store import CheckpointError, checkpoint_or_newest
+    """0 when identical within --atol, 1 when they differ; bad input is a CheckpointUsageError (exit 2)."""
+    from llmtrain.checkpoint.store import CheckpointUsageError, checkpoint_or_newest
 
     if not args.atol >= 0:
-        raise CheckpointError("--atol", f"must be a number >= 0, not {args.atol}")
+        raise CheckpointUsageError("--atol", f"must be a number >= 0, not {args.atol}")
     paths = []
     for given in (args.a, args.b):
         path, _ = checkpoint_or_newest(given)
         if not os.path.isdir(path):
-            raise CheckpointError(given, "no such checkpoint folder or run directory")
+            raise CheckpointUsageError(given, "no such checkpoint folder or run directory")
         paths.append(path)
     from llmtrain.checkpoint.dcp_reader import CheckpointReader
     from llmtrain.checkpoint.store import read_meta

@@ -21,7 +21,7 @@ def add_export_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    """Export the checkpoint (a run directory: its newest complete one); returns the exit status. A ConfigError
+    """Export the checkpoint (a run directory: its newest complete one); returns the exit status. An LlmtrainError
     propagates for the CLI to report."""
     from llmtrain.checkpoint.store import checkpoint_or_newest
 

@@ -30,7 +30,7 @@ def state(info: store.CheckpointInfo) -> str:
 
 def run_list(args) -> int:
     if not os.path.isdir(args.run_dir):
-        raise store.CheckpointError("RUN_DIR", f"no such run directory: {args.run_dir}")
+        raise store.CheckpointUsageError("RUN_DIR", f"no such run directory: {args.run_dir}")
     infos = store.list_checkpoints(args.run_dir)
     table = fold_table(f"checkpoints of {args.run_dir}", caption=CHECKS, caption_justify="left")
     for col in ("step", "state", "size", "layout", "path"):

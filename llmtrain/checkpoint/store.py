@@ -15,16 +15,13 @@ import shutil
 import zlib
 from dataclasses import dataclass
 
-from llmtrain.config.errors import ConfigError
+# A damaged checkpoint is a CheckpointError (exit 1); one asked for wrongly is a CheckpointUsageError (exit 2).
+from llmtrain.errors import CheckpointError, CheckpointUsageError
 
 CHECKPOINTS = "checkpoints"
 META = "meta.json"
 DCP_METADATA = ".metadata"
 _NAME = re.compile(r"^step-(\d{7,})(\.tmp)?$")
-
-
-class CheckpointError(ConfigError):
-    """A checkpoint that cannot be used; names the folder or file."""
 
 
 def checkpoints_dir(run_dir: str) -> str:
@@ -121,7 +118,7 @@ def checkpoint_or_newest(path: str) -> tuple[str, bool]:
 
     A folder with a checkpoints/ subfolder is a run directory; so is any other existing folder that is not a
     checkpoint (no DCP .metadata, no meta.json, not named step-NNNNNNN). Returns (checkpoint folder, whether
-    `path` was a run directory); a run directory without a complete checkpoint is a CheckpointError naming it.
+    `path` was a run directory); a run directory without a complete checkpoint is a CheckpointUsageError naming it.
     A missing path is returned as is, for the caller to report.
     """
     if not os.path.isdir(path):
@@ -140,7 +137,7 @@ def checkpoint_or_newest(path: str) -> tuple[str, bool]:
             detail = f"{checkpoints_dir(path)} holds only incomplete ones: {names}"
         else:
             detail = f"{checkpoints_dir(path)} holds no step-NNNNNNN folder"
-        raise CheckpointError(path, f"run directory without a complete checkpoint ({detail})")
+        raise CheckpointUsageError(path, f"run directory without a complete checkpoint ({detail})")
     latest, _ = newest_usable(path)  # a corrupt newer folder is an error, not a reason to fall back
     return latest.path, True
 
@@ -154,14 +151,14 @@ def resolve_resume(run_dir: str, resume: str) -> tuple[str | None, list[Checkpoi
         return (latest.path if latest else None), ignored
     path = os.path.abspath(os.path.expanduser(resume))
     if not os.path.isdir(path):
-        raise CheckpointError("checkpoint.resume", f"no such checkpoint folder: {resume}")
+        raise CheckpointUsageError("checkpoint.resume", f"no such checkpoint folder: {resume}")
     if path.endswith(".tmp"):
-        raise CheckpointError("checkpoint.resume", f"{resume} is not a complete checkpoint (its save did not "
+        raise CheckpointUsageError("checkpoint.resume", f"{resume} is not a complete checkpoint (its save did not "
                                                    "finish)")
     if read_meta(path) is None:
         if _NAME.match(os.path.basename(path)):
             raise corrupt_error(path)
-        raise CheckpointError("checkpoint.resume", f"{resume} is not a complete checkpoint (no {META})")
+        raise CheckpointUsageError("checkpoint.resume", f"{resume} is not a complete checkpoint (no {META})")
     return path, []
 
 

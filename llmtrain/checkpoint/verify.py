@@ -21,14 +21,7 @@ from omegaconf import OmegaConf
 
 from llmtrain.checkpoint import store
 from llmtrain.checkpoint.dcp_reader import CheckpointReader, first_line
-from llmtrain.config.errors import ConfigError
-
-
-class VerifyError(Exception):
-    """A checkpoint that fails a check: `where` is a file (step-NNNNNNN/name) or a tensor."""
-
-    def __init__(self, where: str, problem: str):
-        super().__init__(f"{where}: {problem}")
+from llmtrain.errors import ConfigError, VerifyError  # VerifyError: a failed check, `key` the file or tensor
 
 
 @dataclass

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 from llmtrain.checkpoint import store
+from llmtrain.console import say
+from llmtrain.errors import EXIT_OK
 
 
 def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
@@ -19,12 +20,12 @@ def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
 def targets(path: str, every: bool) -> list[str]:
     """The checkpoint folders to verify; a .tmp folder (its save did not finish) is never one."""
     if not os.path.isdir(path):
-        raise store.CheckpointError(path, "no such checkpoint folder or run directory")
+        raise store.CheckpointUsageError(path, "no such checkpoint folder or run directory")
     if store.is_checkpoint_folder(path):
         return [path]
     finished = [i.path for i in store.list_checkpoints(path) if not i.partial]
     if not finished:
-        raise store.CheckpointError(path, f"no finished checkpoint in {store.checkpoints_dir(path)}")
+        raise store.CheckpointUsageError(path, f"no finished checkpoint in {store.checkpoints_dir(path)}")
     return finished if every else finished[-1:]
 
 
@@ -48,7 +49,7 @@ def run_verify(args: argparse.Namespace) -> int:
             print(summary_line(path, verify_checkpoint(path)), flush=True)
         except VerifyError as e:
             failed += 1
-            print(f"llmtrain: verify failed: {e}", file=sys.stderr, flush=True)
+            say(f"verify failed: {e}", err=True)
     if failed and len(paths) > 1:
-        print(f"llmtrain: {failed} of {len(paths)} checkpoints failed verification", file=sys.stderr)
-    return 1 if failed else 0
+        say(f"{failed} of {len(paths)} checkpoints failed verification", err=True)
+    return VerifyError.exit_code if failed else EXIT_OK

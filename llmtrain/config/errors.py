@@ -1,8 +1,6 @@
-"""One error type for every bad input: it names the key (or file/flag) and the rule, and prints on one line."""
+"""One error type for every bad input: it names the key (or file/flag) and the rule, and prints on one line.
+It lives in llmtrain.errors with the other errors and their exit codes; imported from here as well."""
 
+from llmtrain.errors import ConfigError
 
-class ConfigError(Exception):
-    def __init__(self, key: str, message: str):
-        super().__init__(f"{key}: {message}")
-        self.key = key
-        self.message = message
+__all__ = ["ConfigError"]

@@ -1,13 +1,6 @@
-"""Errors raised by the data package, each naming the config key or CLI flag to fix."""
+"""Errors raised by the data package, each naming the config key or CLI flag to fix. They live in
+llmtrain.errors with the other errors and their exit codes; imported from here as well."""
 
+from llmtrain.errors import DataError
 
-class DataError(Exception):
-    """A data problem the user can fix; `key` is the config key or flag at fault (e.g. "data.path")."""
-
-    def __init__(self, key: str, message: str):
-        super().__init__(f"{key}: {message}")
-        self.key = key
-        self.message = message
-
-    def __str__(self) -> str:
-        return f"{self.key}: {self.message}"
+__all__ = ["DataError"]

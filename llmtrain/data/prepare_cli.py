@@ -7,13 +7,14 @@ import codecs
 import os
 import sys
 
+from llmtrain.console import say
+from llmtrain.errors import EXIT_INTERRUPTED, EXIT_OK
+
 from .errors import DataError
 from .prepare_options import PrepareOptions
 from .prepare_pool import default_workers
 from .prepare_run import PrepareResult, prepare_tokens, skip_summary
 from .tokenfile import meta_path
-
-EXIT_INTERRUPTED = 130
 
 
 def add_prepare_arguments(parser: argparse.ArgumentParser) -> None:
@@ -148,7 +149,7 @@ def run_prepare(args: argparse.Namespace) -> int:
     try:
         result = prepare_tokens(args.input, args.output, options, progress=sys.stderr.isatty())
     except KeyboardInterrupt:
-        print(f"llmtrain: interrupted: {_interrupted(args.output, before)}", file=sys.stderr, flush=True)
+        say(f"interrupted: {_interrupted(args.output, before)}", err=True)
         return EXIT_INTERRUPTED
     for note in result.notes:
         print(note)
@@ -159,7 +160,7 @@ def run_prepare(args: argparse.Namespace) -> int:
         print(f"skipped {result.bad_lines:,} malformed line(s), e.g.:")
         for example in result.bad_examples:
             print(f"  {example}")
-    return 0
+    return EXIT_OK
 
 
 def summary_line(result: PrepareResult, output: str) -> str:

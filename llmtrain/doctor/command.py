@@ -21,15 +21,15 @@ from omegaconf import DictConfig
 
 from llmtrain.config import to_yaml
 from llmtrain.config.errors import ConfigError
-from llmtrain.console import get_console
+from llmtrain.console import get_console, plain
 from llmtrain.doctor.node_availability import nodes_ready
 from llmtrain.doctor.findings import problems, render
+from llmtrain.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from llmtrain.launch.backends.registry import get_backend
 from llmtrain.launch.supervision.monitor import Monitor
 
 WORKER = "llmtrain.doctor.rank_probe"
-EXIT_PROBLEM = 1
-EXIT_INTERRUPTED = 130
+EXIT_PROBLEM = EXIT_FAILED
 
 
 def results_dir(base: str, now: float | None = None) -> str:
@@ -74,7 +74,6 @@ def record_verdict(path: str, found: list[str]) -> None:
 
 def run_doctor(cfg: DictConfig, max_bytes: int | None, iters: int) -> int:
     console = get_console()
-    say = lambda text: console.print(text, markup=False, highlight=False, soft_wrap=True)  # noqa: E731
     if cfg.cluster.name == "slurm":
         cfg.cluster.follow = True  # the report needs the job to finish
         cfg.cluster.requeue = False  # a preflight is run again by hand, never by Slurm
@@ -86,8 +85,8 @@ def run_doctor(cfg: DictConfig, max_bytes: int | None, iters: int) -> int:
     out_dir = cfg.run.dir = results_dir(cfg.doctor.dir)
     prepare(cfg, out_dir, sweep_sizes(cfg, max_bytes), iters)
     backend = get_backend(cfg, out_dir, worker_module=WORKER)
-    say(f"llmtrain doctor: {cfg.cluster.nnodes} node(s) x {cfg.cluster.nproc_per_node} process(es) via "
-        f"{backend.name}; results in {out_dir}")
+    plain(f"llmtrain doctor: {cfg.cluster.nnodes} node(s) x {cfg.cluster.nproc_per_node} process(es) via "
+          f"{backend.name}; results in {out_dir}", console=console)
     try:
         code = backend.run(Monitor(out_dir, 1, console))
     except ConfigError:  # refused before anything ran (sbatch): nothing to keep
@@ -95,7 +94,7 @@ def run_doctor(cfg: DictConfig, max_bytes: int | None, iters: int) -> int:
         raise
     except KeyboardInterrupt:
         backend.stop()
-        say(f"llmtrain doctor: interrupted; logs in {os.path.join(out_dir, 'logs')}")
+        plain(f"llmtrain doctor: interrupted; logs in {os.path.join(out_dir, 'logs')}", console=console)
         return EXIT_INTERRUPTED
     path = os.path.join(out_dir, "report.json")
     if code != 0 or not os.path.exists(path):
@@ -113,5 +112,5 @@ def run_doctor(cfg: DictConfig, max_bytes: int | None, iters: int) -> int:
         console.print(f"[bold red]problem:[/] {p}", highlight=False, soft_wrap=True)
     if not found:
         console.print("[bold green]llmtrain doctor: all ranks agree; collectives work[/]")
-    say(f"llmtrain doctor: report in {path}")
-    return EXIT_PROBLEM if found else 0
+    plain(f"llmtrain doctor: report in {path}", console=console)
+    return EXIT_PROBLEM if found else EXIT_OK

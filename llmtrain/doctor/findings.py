@@ -7,7 +7,7 @@ from omegaconf import DictConfig
 from rich.console import Console
 
 from llmtrain.config.derived import world_size
-from llmtrain.console import fold_table
+from llmtrain.console import fold_table, plain
 
 
 def per_node(report: dict) -> list[dict]:
@@ -64,7 +64,6 @@ def human_bytes(n: int) -> str:
 
 
 def render(report: dict, console: Console) -> None:
-    say = lambda text: console.print(text, markup=False, highlight=False, soft_wrap=True)  # noqa: E731
     ranks = fold_table("ranks")
     for col in ("rank", "node", "host", "python", "torch", "cuda", "nccl", "device", "gpu"):
         ranks.add_column(col)
@@ -75,12 +74,12 @@ def render(report: dict, console: Console) -> None:
     console.print(network_table(report))
     for r in per_node(report):
         env = " ".join(f"{k}={v}" for k, v in r["env"].items()) or "(none set)"
-        say(f"network environment on {r['host']}: {env}")
+        plain(f"network environment on {r['host']}: {env}", console=console)
     if measured(report):  # a single rank has no all-reduce to time
         console.print(bandwidth_table(report))
-    say("all_reduce bus bandwidth, best over the sweep (sum, fp32; busbw = algbw x 2(n-1)/n):")
+    plain("all_reduce bus bandwidth, best over the sweep (sum, fp32; busbw = algbw x 2(n-1)/n):", console=console)
     for line in bandwidth_lines(report):
-        say(f"  {line}")
+        plain(f"  {line}", console=console)
 
 
 def network_table(report: dict):

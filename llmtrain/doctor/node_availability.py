@@ -11,13 +11,10 @@ from __future__ import annotations
 from omegaconf import DictConfig
 from rich.console import Console
 
+from llmtrain.console import plain
 from llmtrain.launch.hostfile import parse_hostfile, select_hosts
 from llmtrain.launch.backends.reachability import check_hosts
 from llmtrain.launch.backends.slurm_nodes import parse_sinfo, run_sinfo
-
-
-def _say(console: Console, text: str) -> None:
-    console.print(text, markup=False, highlight=False, soft_wrap=True)
 
 
 def nodes_ready(cfg: DictConfig, console: Console) -> bool:
@@ -35,12 +32,12 @@ def ssh_hosts_ready(cfg: DictConfig, console: Console) -> bool:
     down = [check for check in checks if check.error]
     if not down:
         slowest = max(check.seconds for check in checks)
-        _say(console, f"llmtrain doctor: {len(hosts)} host(s) answered over ssh ({', '.join(hosts)}; slowest "
-                      f"{slowest:.1f} s)")
+        plain(f"llmtrain doctor: {len(hosts)} host(s) answered over ssh ({', '.join(hosts)}; slowest "
+              f"{slowest:.1f} s)", console=console)
         return True
     for check in down:
-        _say(console, check.line())
-    _say(console, f"llmtrain doctor: {unreachable_advice(c, hosts, [check.host for check in down])}")
+        plain(check.line(), console=console)
+    plain(f"llmtrain doctor: {unreachable_advice(c, hosts, [check.host for check in down])}", console=console)
     return False
 
 
@@ -63,18 +60,18 @@ def slurm_nodes_ready(cfg: DictConfig, console: Console) -> bool:
     c = cfg.cluster
     text, error = run_sinfo(c.partition)
     if text is None:
-        _say(console, f"llmtrain doctor: {error}; node states not checked")
+        plain(f"llmtrain doctor: {error}; node states not checked", console=console)
         return True
     partition, nodes = parse_sinfo(text, c.partition)
     where = f"partition {partition}" if partition else "the cluster"
     for node in nodes:
         if not node.usable:
-            _say(console, node.line())
+            plain(node.line(), console=console)
     usable = [node.name for node in nodes if node.usable]
     counted = f"{where}: {len(usable)} of {len(nodes)} node(s) usable"
     if len(usable) < c.nnodes:
-        _say(console, f"llmtrain doctor: {counted}, fewer than cluster.nnodes={c.nnodes}: the job could not "
-                      "start; nothing was submitted")
+        plain(f"llmtrain doctor: {counted}, fewer than cluster.nnodes={c.nnodes}: the job could not "
+              "start; nothing was submitted", console=console)
         return False
-    _say(console, f"llmtrain doctor: {counted} ({', '.join(usable)}); cluster.nnodes={c.nnodes}")
+    plain(f"llmtrain doctor: {counted} ({', '.join(usable)}); cluster.nnodes={c.nnodes}", console=console)
     return True

@@ -17,6 +17,8 @@ import signal
 import socket
 import time
 
+from llmtrain.console import say
+from llmtrain.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, CancelError
 from llmtrain.jobs import rundir
 from llmtrain.slurm.client import cancel as scancel
 from llmtrain.jobs.job_state import LAUNCHER_OWNED, UNKNOWN, JobState, describe_launcher, job_state
@@ -26,14 +28,6 @@ GRACE_MARGIN_S = 30  # beyond launch.preempt_grace_s: the launcher's own clean-u
 NOW_WAIT_S = 60  # --now: time for the launcher to kill everything, or for Slurm to end the job
 POLL_S = 0.5
 SECOND_SIGINT_S = 0.5  # the second Ctrl-C must reach the launcher's clean-up, not coalesce with the first
-
-
-class CancelError(Exception):
-    """The job cannot be stopped from here (another host's launcher, no permission, scancel failed)."""
-
-
-def _say(message: str) -> None:
-    print(f"llmtrain: {message}", flush=True)
 
 
 def _signal_launcher(holder: dict, now: bool) -> str:
@@ -85,7 +79,7 @@ def wait_until_stopped(run_dir: str, job: JobState, now: bool, timeout_s: float)
     while job.live and time.monotonic() < deadline:
         if _holder_key(job.holder) not in stopped:
             stopped.add(_holder_key(job.holder))
-            _say(stop_holder(job, now) + f"; waiting up to {timeout_s:.0f} s for the job to end")
+            say(stop_holder(job, now) + f"; waiting up to {timeout_s:.0f} s for the job to end")
             if job.state == UNKNOWN:
                 return job  # scontrol cannot tell when it ends
         for line in log.new_lines():
@@ -105,28 +99,28 @@ def run_cancel(args) -> int:
     owned = (job.launch.get("backend") or cfg.cluster.name) in LAUNCHER_OWNED
     if not job.live:
         left = processes.kill_all(cfg.run.dir) if args.now and owned else 0
-        _say(f"nothing to cancel: no job runs in {run_dir} ({job.state}: {job.reason})"
-             + (f"; killed {left} leftover process(es) of it on this node" if left else ""))
-        return 0
+        say(f"nothing to cancel: no job runs in {run_dir} ({job.state}: {job.reason})"
+            + (f"; killed {left} leftover process(es) of it on this node" if left else ""))
+        return EXIT_OK
     timeout = NOW_WAIT_S if args.now else cfg.launch.preempt_grace_s + GRACE_MARGIN_S
     try:
         job = wait_until_stopped(run_dir, job, args.now, timeout)
     except CancelError as e:
-        _say(str(e))
-        return 1
+        say(str(e))
+        return e.exit_code
     except KeyboardInterrupt:
-        _say(f"stopped waiting; the job is still stopping (llmtrain status {run_dir} tells how it ends)")
-        return 130
+        say(f"stopped waiting; the job is still stopping (llmtrain status {run_dir} tells how it ends)")
+        return EXIT_INTERRUPTED
     if job.state == UNKNOWN:
-        _say(f"{job.reason}: cannot tell when it ends; llmtrain status {run_dir} shows it later")
-        return 0
+        say(f"{job.reason}: cannot tell when it ends; llmtrain status {run_dir} shows it later")
+        return EXIT_OK
     if job.live:
-        _say(f"the job still runs after {timeout:.0f} s ({job.reason})"
-             + ("" if args.now else f"; llmtrain cancel --now {run_dir} stops it at once"))
-        return 1
+        say(f"the job still runs after {timeout:.0f} s ({job.reason})"
+            + ("" if args.now else f"; llmtrain cancel --now {run_dir} stops it at once"))
+        return EXIT_FAILED
     left = processes.kill_all(cfg.run.dir) if args.now and owned else 0
     if left:
-        _say(f"killed {left} leftover process(es) of the job on this node (SIGKILL)")
-    _say(f"the job ended: {job.state}: {job.reason}")
-    _say(checkpoint_state(run_dir))
-    return 0
+        say(f"killed {left} leftover process(es) of the job on this node (SIGKILL)")
+    say(f"the job ended: {job.state}: {job.reason}")
+    say(checkpoint_state(run_dir))
+    return EXIT_OK

@@ -10,12 +10,14 @@ from __future__ import annotations
 import time
 
 from llmtrain.closed_stdout import ReaderGone, stdout_reader_gone
-from llmtrain.console import get_console
+from llmtrain.console import get_console, plain, say
+from llmtrain.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED
 from llmtrain.jobs import rundir
 from llmtrain.jobs.job_state import FAILED, FINISHED, INTERRUPTED, PREEMPTED, STOPPED, UNKNOWN, JobState, job_state
 from llmtrain.jobs.status import facts
 
-EXIT_BY_STATE = {FINISHED: 0, STOPPED: 0, FAILED: 1, INTERRUPTED: 130, PREEMPTED: 143, UNKNOWN: 1}
+EXIT_BY_STATE = {FINISHED: EXIT_OK, STOPPED: EXIT_OK, FAILED: EXIT_FAILED, INTERRUPTED: EXIT_INTERRUPTED,
+                 PREEMPTED: EXIT_PREEMPTED, UNKNOWN: EXIT_FAILED}
 SLURM_POLL_S = 2.0  # how often scontrol is asked, as the launcher does
 
 
@@ -45,9 +47,9 @@ class JobWatch:
         self.checked = time.monotonic()
         job = job_state(self.run_dir)
         if job.live and (job.state, job.job_id) != (self.job.state, self.job.job_id):
-            self.console.print(f"llmtrain: {job.state}: {job.reason}", markup=False, highlight=False)
+            say(f"{job.state}: {job.reason}", console=self.console)
         self.job = job
-        return None if job.live else EXIT_BY_STATE.get(job.state, 1)
+        return None if job.live else EXIT_BY_STATE.get(job.state, EXIT_FAILED)
 
 
 def run_follow(args) -> int:
@@ -57,13 +59,13 @@ def run_follow(args) -> int:
     console = get_console()
     job = job_state(run_dir)
     if job.state == UNKNOWN:
-        console.print(f"llmtrain: cannot follow: {job.reason}", markup=False, highlight=False)
+        say(f"cannot follow: {job.reason}", console=console)
         return EXIT_BY_STATE[UNKNOWN]
     if not job.live:
-        console.print(summary(run_dir, cfg, job), markup=False, highlight=False)
-        return EXIT_BY_STATE.get(job.state, 1)
-    console.print(f"llmtrain: following {run_dir}: {job.state}, {job.reason} (Ctrl-C stops following; the job "
-                  "keeps running)", markup=False, highlight=False, soft_wrap=True)
+        plain(summary(run_dir, cfg, job), console=console)
+        return EXIT_BY_STATE.get(job.state, EXIT_FAILED)
+    say(f"following {run_dir}: {job.state}, {job.reason} (Ctrl-C stops following; the job "
+        "keeps running)", console=console)
     monitor = Monitor(run_dir, cfg.train.max_steps, console, nnodes=cfg.cluster.nnodes,
                       max_restarts=cfg.launch.max_restarts, nproc_per_node=cfg.cluster.nproc_per_node)
     watch = JobWatch(run_dir, console, job)
@@ -76,7 +78,7 @@ def run_follow(args) -> int:
     try:
         monitor.follow(poll)
     except (KeyboardInterrupt, ReaderGone):
-        console.print("llmtrain: stopped following; the job keeps running", markup=False, highlight=False)
-        return 0
-    console.print(summary(run_dir, cfg, watch.job), markup=False, highlight=False)
-    return EXIT_BY_STATE.get(watch.job.state, 1)
+        say("stopped following; the job keeps running", console=console)
+        return EXIT_OK
+    plain(summary(run_dir, cfg, watch.job), console=console)
+    return EXIT_BY_STATE.get(watch.job.state, EXIT_FAILED)

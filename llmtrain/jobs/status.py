@@ -12,6 +12,7 @@ import os
 import shlex
 
 from llmtrain.checkpoint import store
+from llmtrain.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED
 from llmtrain.jobs import rundir
 from llmtrain.jobs.record import read_launches
 from llmtrain.jobs.job_state import LAUNCHER_OWNED, PENDING, JobState, job_state
@@ -103,7 +104,8 @@ def _job_line(f: dict) -> str:
 
 
 # What a local or ssh launcher's exit code says (a Slurm launcher exits 0 once sbatch took the job).
-EXIT_MEANINGS = {0: "finished", 1: "failed", 130: "interrupted", 143: "preempted"}
+EXIT_MEANINGS = {EXIT_OK: "finished", EXIT_FAILED: "failed", EXIT_INTERRUPTED: "interrupted",
+                 EXIT_PREEMPTED: "preempted"}
 
 
 def _launch_line(entry: dict) -> str:
@@ -140,4 +142,4 @@ def run_status(args) -> int:
         print(json.dumps(f))
     else:
         print("\n".join(lines(f)))
-    return 0
+    return EXIT_OK

@@ -16,6 +16,7 @@ from typing import NamedTuple
 from omegaconf import DictConfig
 
 from llmtrain.config.errors import ConfigError
+from llmtrain.console import plain
 
 # Device nodes of a GPU driver: without them device=auto trains on the CPU, and torch need not be imported to know.
 GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/kfd")
@@ -142,9 +143,7 @@ def warn_memory_fit(cfg: DictConfig) -> None:
     """A launch says the plan against the memory only when it does not fit."""
     fit = check_memory_fit(cfg)
     if fit is not None and not fit.fits:
-        from llmtrain.console import get_console
-
-        get_console().print(fit.line, markup=False, highlight=False, soft_wrap=True)
+        plain(fit.line)
 
 
 def memory_unknown_line(cfg: DictConfig) -> str:

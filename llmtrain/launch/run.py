@@ -14,8 +14,8 @@ from rich.table import Table
 
 from llmtrain.config import to_yaml
 from llmtrain.config.errors import ConfigError
-from llmtrain.data.errors import DataError
-from llmtrain.console import fold_table, get_console
+from llmtrain.console import fold_table, get_console, plain, say
+from llmtrain.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED, LlmtrainError
 from llmtrain.jobs.record import LaunchRecord
 from llmtrain.jobs.job_state import stopped_short
 from llmtrain.launch import run_identity
@@ -27,10 +27,6 @@ from llmtrain.launch.supervision.monitor import Monitor, RendezvousTimeout
 from llmtrain.launch.run_lock import RunDirLock
 from llmtrain.parallel.layout import ParallelDims
 from llmtrain.train.trackers.stores import check_tracker_stores
-
-EXIT_FAILED = 1
-EXIT_INTERRUPTED = 130
-EXIT_PREEMPTED = 143
 
 
 class PreemptRequest(BaseException):
@@ -68,22 +64,21 @@ def dry_run(cfg: DictConfig) -> int:
     check_tracker_stores(cfg)
     check_init_from(cfg)
     console.rule("resolved config")
-    console.print(to_yaml(cfg), markup=False, highlight=False)
+    plain(to_yaml(cfg), console=console)
     console.print(layout_table(cfg))
     if cfg.data.name == "mix":
         from llmtrain.launch.mixture_plan import mixture_lines
 
         for line in mixture_lines(cfg):
-            console.print(f"llmtrain: {line}" if line.startswith("warning") else line, markup=False,
-                          highlight=False, soft_wrap=True)
+            plain(f"llmtrain: {line}" if line.startswith("warning") else line, console=console)
     console.rule("commands (nothing was started)")
     note = default_python_note(cfg)
     if note:
-        console.print(f"llmtrain: {note}", markup=False, highlight=False, soft_wrap=True)
-    console.print(backend.preview(), markup=False, highlight=False, soft_wrap=True)
+        say(note, console=console)
+    plain(backend.preview(), console=console)
     line = fit.line if fit is not None else memory_unknown_line(cfg)
-    console.print(line, markup=False, highlight=False, soft_wrap=True)
-    return 0
+    plain(line, console=console)
+    return EXIT_OK
 
 
 def prepare_run_dir(cfg: DictConfig) -> str:
@@ -138,25 +133,21 @@ def check_resume(cfg: DictConfig, console: Console) -> str | None:
         old = load_run_config(os.path.join(path, "config.yaml"))
     why, aside = run_identity.conflict(cfg, run_dir, path, old)
     if why:
-        console.print(f"llmtrain: {run_identity.refuse_or_move_aside(cfg, run_dir, why, aside)}", markup=False,
-                      highlight=False)
+        say(run_identity.refuse_or_move_aside(cfg, run_dir, why, aside), console=console)
         path, ignored = store.resolve_resume(run_dir, cfg.checkpoint.resume)
     for info in ignored:
-        console.print(f"llmtrain: ignoring incomplete checkpoint {info.path} (its save did not finish)",
-                      markup=False, highlight=False)
+        say(f"ignoring incomplete checkpoint {info.path} (its save did not finish)", console=console)
     if path is None:
         return None
     probe = cfg.copy()
     probe.run.dir = run_dir
     diff = check_resumable(old, probe, path)
-    console.print(f"llmtrain: resuming from {path}" + (" with these changes:" if diff else " (same config)"),
-                  markup=False, highlight=False)
+    say(f"resuming from {path}" + (" with these changes:" if diff else " (same config)"), console=console)
     for key, before, after in diff:
-        console.print(f"  {key}: {describe_change(key, before, after)}", markup=False, highlight=False)
+        plain(f"  {key}: {describe_change(key, before, after)}", console=console)
     data = data_changes((store.read_meta(path) or {}).get("data"), cfg.data)
     if data:  # allowed here: a checkpoint of another run directory (or an older one) resumed on purpose
-        console.print(f"  {run_identity.data_key(cfg)}: other data than the checkpoint's: {data}", markup=False,
-                      highlight=False)
+        plain(f"  {run_identity.data_key(cfg)}: other data than the checkpoint's: {data}", console=console)
     return path
 
 
@@ -177,7 +168,7 @@ def launch(cfg: DictConfig) -> int:
         raise ConfigError("run.dir", f"cannot write the run directory {run_dir}: {e.strerror or e}") from None
     try:
         if took_over:
-            console.print(f"llmtrain: {took_over}", markup=False, highlight=False)
+            say(took_over, console=console)
         prepare_data(cfg)  # first: the resume check compares the data it builds with the checkpoint's
         # The workers start from the checkpoint chosen here, not from their own reading of checkpoint.resume.
         cfg.checkpoint.resume = check_resume(cfg, console) or "none"
@@ -186,7 +177,7 @@ def launch(cfg: DictConfig) -> int:
         except OSError as e:
             raise ConfigError("run.dir", f"cannot write the run directory {run_dir}: {e.strerror or e}") from None
         return _run(cfg, backend, console)
-    except (ConfigError, DataError):  # refused before the job started (a conflict, sbatch, the data cache)
+    except LlmtrainError:  # refused before the job started (a conflict, sbatch, the data cache, a damaged checkpoint)
         lock.release()
         if not existed:
             shutil.rmtree(run_dir, ignore_errors=True)
@@ -221,8 +212,7 @@ def start_line(run_dir: str, dims: ParallelDims, nnodes: int, hosts: list[str], 
 def _start_and_follow(cfg: DictConfig, backend, console) -> int:
     run_dir = cfg.run.dir
     dims = ParallelDims.from_config(cfg)
-    console.print(start_line(run_dir, dims, cfg.cluster.nnodes, backend.host_names(), backend.name), markup=False,
-                  highlight=False, soft_wrap=True)
+    plain(start_line(run_dir, dims, cfg.cluster.nnodes, backend.host_names(), backend.name), console=console)
     monitor = Monitor(run_dir, cfg.train.max_steps, console, nnodes=cfg.cluster.nnodes,
                       max_restarts=cfg.launch.max_restarts, rendezvous_timeout_s=cfg.launch.rendezvous_timeout_s,
                       nproc_per_node=cfg.cluster.nproc_per_node, combined_log=backend.owns_processes)
@@ -230,19 +220,18 @@ def _start_and_follow(cfg: DictConfig, backend, console) -> int:
         code = backend.run(monitor)
     except KeyboardInterrupt:
         stopping.interrupted(backend, run_dir, console)
-        console.print(f"llmtrain: {checkpoint_state(run_dir)}", markup=False, highlight=False)
+        say(checkpoint_state(run_dir), console=console)
         return EXIT_INTERRUPTED
     except PreemptRequest as e:
         return preempt(backend, monitor, cfg, str(e))
     except RendezvousTimeout as e:  # no worker ever started: say where it waited, then stop
-        console.print(f"llmtrain: {e}", markup=False, highlight=False, soft_wrap=True)
+        say(str(e), console=console)
         stopping.stop_job(backend, run_dir, console)
         return EXIT_FAILED
     # A backend that can return before its job ends (a Slurm submission) says whether the job did.
     if code == 0 and getattr(backend, "finished_job", True):
         short = stopped_short(rank_statuses(run_dir))
-        console.print(f"llmtrain: {short or 'job finished'}; metrics in {os.path.join(run_dir, 'metrics.jsonl')}",
-                      markup=False, highlight=False, soft_wrap=True)
+        say(f"{short or 'job finished'}; metrics in {os.path.join(run_dir, 'metrics.jsonl')}", console=console)
     return code
 
 
@@ -272,16 +261,16 @@ def preempt(backend, monitor, cfg: DictConfig, why: str) -> int:
         _wait_for_starting_workers(monitor, run_dir, why, grace)
     except KeyboardInterrupt:
         stopping.interrupted(backend, run_dir, console)
-        console.print(f"llmtrain: {checkpoint_state(run_dir)}", markup=False, highlight=False)
+        say(checkpoint_state(run_dir), console=console)
         return EXIT_INTERRUPTED
     n = backend.signal_workers(signal.SIGUSR1)
     if n == 0:  # nothing can checkpoint: waiting the grace would only let workers start and train on
-        console.print(f"llmtrain: {why}: no worker is running (none has started yet, or all have ended); stopping "
-                      "the job at once", markup=False, highlight=False)
+        say(f"{why}: no worker is running (none has started yet, or all have ended); stopping "
+            "the job at once", console=console)
         stopping.stop_job(backend, run_dir, console)
-        console.print(f"llmtrain: {checkpoint_state(run_dir)}", markup=False, highlight=False)
+        say(checkpoint_state(run_dir), console=console)
         return EXIT_PREEMPTED
-    console.print(f"llmtrain: {why}: asked {n} worker(s) to checkpoint and stop (up to {grace} s)", markup=False)
+    say(f"{why}: asked {n} worker(s) to checkpoint and stop (up to {grace} s)", console=console)
     try:
         code = backend.follow(monitor, timeout_s=max(1.0, deadline - time.monotonic()))
     except KeyboardInterrupt:
@@ -294,8 +283,8 @@ def preempt(backend, monitor, cfg: DictConfig, why: str) -> int:
 def _wait_for_starting_workers(monitor, run_dir: str, why: str, grace: float) -> None:
     """Workers still starting would ignore the request (or die of it): ask once they can take it."""
     if stopping.starting_workers(run_dir, signal.SIGUSR1):
-        monitor.console.print(f"llmtrain: {why}: the workers are still starting; asking them to checkpoint once "
-                              "they can", markup=False, highlight=False)
+        say(f"{why}: the workers are still starting; asking them to checkpoint once "
+            "they can", console=monitor.console)
         stopping.wait_for_workers(run_dir, signal.SIGUSR1, grace, monitor.poll)
 
 
@@ -306,8 +295,7 @@ def _report_preempted(console, run_dir: str, code: int | None) -> None:
     steps = {s.get("step") for s in statuses.values() if s.get("status") == "preempted"}
     if code == 0 and statuses and all(s.get("status") == "preempted" and s.get("saved", True)
                                       for s in statuses.values()):
-        console.print(f"llmtrain: preempted at step {max(steps)}; checkpoint saved; the same command resumes",
-                      markup=False)
+        say(f"preempted at step {max(steps)}; checkpoint saved; the same command resumes", console=console)
     else:
-        console.print("llmtrain: preempted; the job did not confirm a checkpoint (see logs/); resuming uses the "
-                      "newest complete checkpoint", markup=False)
+        say("preempted; the job did not confirm a checkpoint (see logs/); resuming uses the "
+            "newest complete checkpoint", console=console)

@@ -9,6 +9,7 @@ from rich.console import Console
 
 from llmtrain.config import ConfigError, validate
 from llmtrain.console import fold_table, get_console
+from llmtrain.errors import EXIT_FAILED, EXIT_OK
 from llmtrain.hardware import profiles as hardware
 from llmtrain.plan.estimate import build_plan
 
@@ -107,7 +108,7 @@ def suggest(cfg, n_gpus: int, gib: float, console: Console, as_json: bool) -> in
     fitting.sort(key=lambda p: -p.tokens_per_s)
     if as_json:
         print(json.dumps([p.to_dict() for p in fitting[:20]], indent=1, default=str))
-        return 0 if fitting else 1
+        return EXIT_OK if fitting else EXIT_FAILED
     table = fold_table(f"layouts that fit {n_gpus} devices of {gib:g} GiB (global batch "
                        f"{cfg.train.global_batch_size}, micro batch {cfg.train.micro_batch_size}), fastest first")
     for col in ("tp", "pp", "dp", "zero", "recompute", "peak GiB", "est. tokens/s", "est. MFU"):
@@ -118,7 +119,7 @@ def suggest(cfg, n_gpus: int, gib: float, console: Console, as_json: bool) -> in
                       _gib(p.peak_bytes_per_rank), f"{p.tokens_per_s:,.0f}", f"{p.mfu:.1%}")
     console.print(table if fitting else f"no layout of {n_gpus} devices fits in {gib:g} GiB per device; try "
                                         "more devices, a smaller train.micro_batch_size or a shorter model.seq_len")
-    return 0 if fitting else 1
+    return EXIT_OK if fitting else EXIT_FAILED
 
 
 def run_plan(cfg, args) -> int:
@@ -131,5 +132,5 @@ def run_plan(cfg, args) -> int:
         print(json.dumps(plan.to_dict(), indent=1, default=str))
     else:
         render(plan, console)
-    return 0 if plan.fits else 1
+    return EXIT_OK if plan.fits else EXIT_FAILED
 

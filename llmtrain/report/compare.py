@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from llmtrain.config.errors import ConfigError
-from llmtrain.console import fold_table, get_console
+from llmtrain.console import fold_table, get_console, plain
 from llmtrain.report.plotting import NO_PLOTS, PLOT_EXTRA, pyplot
 from llmtrain.report.run_report import fmt_loss, fmt_mfu, fmt_tokens_per_s
 from llmtrain.rundir.metrics_file import read_metrics
@@ -280,13 +280,13 @@ def run_compare(args) -> int:
     console.print(runs_table(ranked(runs), keys, swept is not None,
                              f"{what}: {len(runs)} run(s), best val loss first"))
     for note in difference_notes(runs):
-        console.print(note, markup=False, highlight=False, soft_wrap=True)
+        plain(note, console=console)
     if len(runs) == 2:
         print_pair(console, runs[0], runs[1], args.rows)
     if plt is None:
-        console.print(NO_PLOTS, markup=False, highlight=False)
+        plain(NO_PLOTS, console=console)
         return 0
     path = args.plot or os.path.join(args.dirs[0], PLOT_NAME)
     plot(plt, [run for run in runs if run.rows], path)
-    console.print(f"plot: {path}", markup=False, highlight=False)
+    plain(f"plot: {path}", console=console)
     return 0

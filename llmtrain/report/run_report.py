@@ -8,7 +8,7 @@ import os
 import statistics
 
 from llmtrain.config.errors import ConfigError
-from llmtrain.console import fold_table, get_console
+from llmtrain.console import fold_table, get_console, plain
 from llmtrain.report.plotting import NO_PLOTS, PLOT_EXTRA, pyplot
 from llmtrain.report.source_table import plot_source_val_loss, source_rows, val_loss_step
 from llmtrain.rundir.metrics_file import read_metrics
@@ -273,7 +273,7 @@ def run_report(args) -> int:
         console.print(table)
     if not rows:
         console.print("metrics.jsonl has no rows yet", highlight=False)
-    console.print("plots: " + ", ".join(paths) if plt is not None else NO_PLOTS, markup=False, highlight=False)
+    plain("plots: " + ", ".join(paths) if plt is not None else NO_PLOTS, console=console)
     if getattr(args, "tensorboard", False):
         tb_dir = os.path.join(out_dir, "tensorboard")
         path, n = export_tensorboard(rows, tb_dir, metrics_path)

@@ -9,15 +9,13 @@ import contextlib
 import sys
 from dataclasses import dataclass
 
-from llmtrain.config.errors import ConfigError
-from llmtrain.console import get_console
-from llmtrain.data.errors import DataError
+from llmtrain.console import error_line, plain, say
+from llmtrain.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED, KeyedError
 from llmtrain.sweep import SWEEP_NAME_VAR, record
 from llmtrain.sweep.plan import SweepPlan, SweepRun, naming_the_run, plan_sweep
 from llmtrain.sweep.preview import dry_run
 from llmtrain.sweep.resume import skip_reason
 
-EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_PREEMPTED = 0, 1, 130, 143
 FINISHED, SUBMITTED, RUNNING, FAILED, STOPPED = "finished", "submitted", "running", "failed", "stopped"
 
 
@@ -39,10 +37,6 @@ def run_sweep(args) -> int:
     say(f"sweep {plan.name}: {len(plan.runs)} run(s) in {plan.dir} (combinations in {record.sweep_file(plan.dir)})")
     outcomes, stop_code = _run_all(plan, args.fail_fast)
     return _summary(plan, outcomes, stop_code)
-
-
-def say(text: str) -> None:
-    get_console().print(f"llmtrain: {text}", markup=False, highlight=False, soft_wrap=True)
 
 
 def _check_ready(plan: SweepPlan) -> None:
@@ -89,8 +83,8 @@ def _run_one(plan: SweepPlan, run: SweepRun, number: int) -> Outcome:
             from llmtrain.launch.run import launch
 
             code = launch(run.cfg)
-    except (ConfigError, DataError) as e:  # refused at launch (a run dir conflict, sbatch): this run only
-        print(f"llmtrain: error: {e} (in sweep run {run.name})", file=sys.stderr, flush=True)
+    except KeyedError as e:  # refused at launch (a run dir conflict, sbatch, a damaged checkpoint): this run only
+        plain(error_line(f"{e} (in sweep run {run.name})"), err=True)
         return Outcome(run, FAILED, f"refused: {e.key}")
     if code in (EXIT_INTERRUPTED, EXIT_PREEMPTED):  # the run took the usual path; the sweep stops here
         return Outcome(run, STOPPED, code=code)

@@ -4,7 +4,7 @@ written."""
 
 from __future__ import annotations
 
-from llmtrain.console import fold_table, get_console
+from llmtrain.console import fold_table, get_console, plain, say
 from llmtrain.sweep.plan import SweepPlan, naming_the_run
 
 
@@ -28,10 +28,10 @@ def dry_run(plan: SweepPlan) -> int:
             previews.append(get_backend(run.cfg, run.dir).preview())
     console = get_console()
     console.print(sweep_table(plan))
-    console.print(f"llmtrain: cluster={plan.backend}: " + (
+    say(f"cluster={plan.backend}: " + (
         "each run is submitted as its own Slurm job, all at once" if plan.backend == "slurm"
-        else "the runs start one after another"), markup=False, highlight=False)
+        else "the runs start one after another"), console=console)
     for run, preview in zip(plan.runs, previews):
         console.rule(f"run {run.name} (nothing was started)")
-        console.print(preview, markup=False, highlight=False, soft_wrap=True)
+        plain(preview, console=console)
     return 0

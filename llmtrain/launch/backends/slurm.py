@@ -25,6 +25,7 @@ import subprocess
 from omegaconf import ListConfig
 
 from llmtrain.config.errors import ConfigError
+from llmtrain.console import say
 from llmtrain.launch.backends.base import Backend, NodeCommand, node_python, torchrun_argv, worker_env
 from llmtrain.launch.container import host_python, in_container, setup_outside, srun_options
 from llmtrain.launch.supervision.failures import rank_statuses, report_failure
@@ -267,31 +268,26 @@ class SlurmBackend(Backend):
         return self.cfg.cluster[key.split(".", 1)[1]]
 
     # ------------------------------------------------------------------------------------------ following
-    def _say(self, text: str) -> None:
-        from llmtrain.console import get_console
-
-        (self.console or get_console()).print(f"llmtrain: {text}", markup=False, highlight=False, soft_wrap=True)
-
     def run(self, monitor) -> int:
         self.console = monitor.console
         try:
             job = self.submit()
         except KeyboardInterrupt:
-            self._say(f"interrupted while submitting; squeue -u $USER -n {self._job_name()} shows whether Slurm "
-                      "got the job")
+            say(f"interrupted while submitting; squeue -u $USER -n {self._job_name()} shows whether Slurm "
+                "got the job", console=self.console)
             return EXIT_INTERRUPTED
-        self._say(f"submitted Slurm job {job} ({self.script_path()}); rendezvous on the job's first node, port "
-                  f"{self.rendezvous_port()}")
+        say(f"submitted Slurm job {job} ({self.script_path()}); rendezvous on the job's first node, port "
+            f"{self.rendezvous_port()}", console=self.console)
         if not self.cfg.cluster.follow:
-            self._say(f"follow it: squeue -j {job}, or llmtrain follow {self.run_dir} (logs in "
-                      f"{os.path.join(self.run_dir, 'logs')})")
-            self._say(f"cancel it: scancel {job}, or llmtrain cancel {self.run_dir}")
+            say(f"follow it: squeue -j {job}, or llmtrain follow {self.run_dir} (logs in "
+                f"{os.path.join(self.run_dir, 'logs')})", console=self.console)
+            say(f"cancel it: scancel {job}, or llmtrain cancel {self.run_dir}", console=self.console)
             return 0
         try:
             code = self.follow(monitor)
         except KeyboardInterrupt:
-            self._say(f"stopped following job {job}; it keeps running (llmtrain cancel {self.run_dir} or scancel "
-                      f"{job} to stop it)")
+            say(f"stopped following job {job}; it keeps running (llmtrain cancel {self.run_dir} or scancel "
+                f"{job} to stop it)", console=self.console)
             return EXIT_DETACHED
         code = 1 if code is None else code
         if code != 0 and self.finished_job and not self.unfinished:
@@ -343,8 +339,8 @@ class SlurmBackend(Backend):
         restarts = int(job.get("Restarts", "0") or 0)
         if restarts > seen.restarts:
             seen.restarts = restarts
-            self._say(f"job {self.job_id} requeued (restart {restarts}); still following: it resumes from the "
-                      "newest checkpoint when it runs again")
+            say(f"job {self.job_id} requeued (restart {restarts}); still following: it resumes from the "
+                "newest checkpoint when it runs again", console=self.console)
 
     def _final_code(self, state: str, job: dict[str, str]) -> int:
         """The job's exit status for the launcher: train.max_steps reached is the only success; a job whose
@@ -357,8 +353,8 @@ class SlurmBackend(Backend):
         step = max(int(s.get("step") or 0) for s in stopped)
         said = [ln for ln in self.job_output().splitlines() if ln.startswith("llmtrain: unfinished:")]
         why = said[-1][len("llmtrain: unfinished: "):] if said else "stopped on a signal, not requeued"
-        self._say(f"job {self.job_id} ended unfinished at step {step} ({why}); the same llmtrain launch command "
-                  "continues from the newest checkpoint")
+        say(f"job {self.job_id} ended unfinished at step {step} ({why}); the same llmtrain launch command "
+            "continues from the newest checkpoint", console=self.console)
         self.unfinished = True
         return EXIT_UNFINISHED
 
@@ -372,7 +368,7 @@ class SlurmBackend(Backend):
                       f"{self.rendezvous_port()}")
         else:
             detail = f" (Reason={reason})" if reason not in ("None", "") else ""
-        self._say(f"job {self.job_id} {state}{detail}")
+        say(f"job {self.job_id} {state}{detail}", console=self.console)
 
     def _first_node(self, nodelist: str | None) -> str:
         names = client.hostnames(nodelist, SLURM_TIMEOUT_S) if nodelist else None
@@ -388,7 +384,7 @@ class SlurmBackend(Backend):
             return None
         failed = self.cancel()
         done = "cancelled it" if failed is None else f"could not cancel it ({failed}): scancel {self.job_id}"
-        self._say(f"job {self.job_id} can never start ({why}); {done}")
+        say(f"job {self.job_id} can never start ({why}); {done}", console=self.console)
         return EXIT_NEVER_STARTS
 
     def cancel(self) -> str | None:
@@ -405,7 +401,7 @@ class SlurmBackend(Backend):
         if state in NOT_STARTED_STATES:
             failed = self.cancel()
             done = "cancelled it" if failed is None else f"could not cancel it ({failed}): scancel {self.job_id}"
-            self._say(f"job {self.job_id} is {state}: no worker to checkpoint; {done}")
+            say(f"job {self.job_id} is {state}: no worker to checkpoint; {done}", console=self.console)
             return 0
         if job == {} or state in FINAL_STATES:
             return 0

@@ -28,6 +28,7 @@ from rich.markup import escape
 
 from llmtrain.config.derived import world_size
 from llmtrain.config.errors import ConfigError
+from llmtrain.console import plain, say
 from llmtrain.launch.supervision import processes
 from llmtrain.launch.backends.reachability import check_host
 from llmtrain.launch.backends.ssh_options import ssh_base
@@ -146,8 +147,8 @@ class SSHBackend(Backend):
         return ssh_base(self.cfg.cluster) + [cmd.host, remote_command(cmd, self.workdir, setup_outside(self.cfg))]
 
     def run(self, monitor) -> int:
-        monitor.console.print(f"llmtrain: {self.endpoint_line()}; starting {len(self.hosts)} node(s) over ssh: "
-                              f"{', '.join(self.host_names())}", markup=False, highlight=False, soft_wrap=True)
+        say(f"{self.endpoint_line()}; starting {len(self.hosts)} node(s) over ssh: "
+            f"{', '.join(self.host_names())}", console=monitor.console)
         started = time.time()
         for cmd in self.node_commands():
             output: list[str] = []
@@ -176,9 +177,9 @@ class SSHBackend(Backend):
         codes = [p.poll() for p in self.procs]
         for node, code in enumerate(codes):
             if code not in (None, 0):
-                console.print(f"llmtrain: warning: {node_label(node, self.hosts[node].name)} lost its node agent "
-                              f"or ssh connection (exit code {code}) after every rank finished; the run finished",
-                              markup=False, highlight=False, soft_wrap=True)
+                say(f"warning: {node_label(node, self.hosts[node].name)} lost its node agent "
+                    f"or ssh connection (exit code {code}) after every rank finished; the run finished",
+                    console=console)
         return True
 
     def _poll(self) -> int | None:
@@ -213,7 +214,7 @@ class SSHBackend(Backend):
         console.print(f"[bold red]llmtrain: {where} failed with exit code {codes[node]}[/]; "
                       f"stopping the other nodes", highlight=False)
         for line in tail(log, 8):
-            console.print(f"  {line}", markup=False, highlight=False)
+            plain(f"  {line}", console=console)
         report_failure(console, self.run_dir, outputs[node], code, node=node, host=self.hosts[node].name)
 
     def _lost_why(self, node: int) -> str:

@@ -18,6 +18,7 @@ import os
 import sys
 import time
 
+from llmtrain.console import say
 from llmtrain.launch.supervision.failures import rank_statuses
 from llmtrain.slurm import client
 
@@ -41,10 +42,6 @@ def seconds_left(job_id: str) -> float | None:
 def requeue(job_id: str) -> str | None:
     """Requeue the job; None when Slurm took it, else why not."""
     return client.requeue(job_id, timeout=60)
-
-
-def say(message: str) -> None:
-    print(f"llmtrain: {message}", flush=True)
 
 
 def job_end(run_dir: str, srun_exit: int, notice_s: float, may_requeue: bool, job_id: str,

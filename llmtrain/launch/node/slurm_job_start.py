@@ -12,6 +12,7 @@ import os
 import sys
 
 from llmtrain.config.errors import ConfigError
+from llmtrain.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from llmtrain.launch.run_lock import claim_for_job
 
 
@@ -20,13 +21,13 @@ def main(argv: list[str] | None = None) -> int:
     job_id = os.environ.get("SLURM_JOB_ID")
     if len(argv) != 1 or not job_id:
         print("usage (in a Slurm job): python -m llmtrain.launch.node.slurm_job_start RUN_DIR", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     try:
         claim_for_job(argv[0], job_id)
     except ConfigError as e:
         print(f"llmtrain: error: {e.key}: Slurm job {job_id} does not start: {e.message}", flush=True)
-        return 1
-    return 0
+        return EXIT_FAILED  # the job fails before any worker starts; its submission was not bad input
+    return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from rich.console import Console
 from rich.markup import escape
 
+from llmtrain.console import plain
 from llmtrain.launch.supervision.placement import describe_rank, read_places, read_rank_files
 
 # One entry of torchrun's "Failures:" / "Root Cause" summary (time, host and local_rank are optional).
@@ -240,6 +241,6 @@ def _print_tail(console: Console, log: str, stand_ins: list[tuple[str, str]]) ->
             if lines:
                 note = f"; last lines of {what}, {path}:"
                 break
-        console.print(f"  (its log is empty{note})", markup=False, highlight=False)
+        plain(f"  (its log is empty{note})", console=console)
     for line in lines:
-        console.print(f"  {line}", markup=False, highlight=False)
+        plain(f"  {line}", console=console)

@@ -17,7 +17,7 @@ import psutil
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from llmtrain.console import get_console
+from llmtrain.console import get_console, plain, say
 from llmtrain.launch.supervision import processes
 from llmtrain.launch.supervision.combined_log import CombinedLog
 from llmtrain.launch.supervision.line_follower import LineFollower
@@ -66,8 +66,8 @@ class RendezvousWatch:
                                     "started; stopping the job")
         if waited > min(RENDEZVOUS_NOTICE_S, self.timeout_s / 2) and not self.noticed:
             self.noticed = True
-            self.console.print(f"llmtrain: waiting for {where}: no worker has started yet (giving up after "
-                               f"{self.timeout_s:g} s)", markup=False, highlight=False, soft_wrap=True)
+            say(f"waiting for {where}: no worker has started yet (giving up after "
+                f"{self.timeout_s:g} s)", console=self.console)
 
     @staticmethod
     def _agents() -> tuple[list[list[str]], bool]:
@@ -111,9 +111,9 @@ class Monitor:
         if self.combined is not None:
             self.combined.poll()
         for line in self.restarts.poll():
-            self.console.print(line, markup=False, highlight=False, soft_wrap=True)
+            plain(line, console=self.console)
         for line in self.log.new_lines():
-            self.console.print(line, markup=False, highlight=False, soft_wrap=True)
+            plain(line, console=self.console)
         for line in self.metrics.new_lines():
             try:
                 row = json.loads(line)

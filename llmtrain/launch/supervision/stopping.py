@@ -12,6 +12,7 @@ from typing import Callable
 
 from rich.console import Console
 
+from llmtrain.console import say
 from llmtrain.launch.supervision import processes
 
 PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
@@ -46,8 +47,7 @@ def kill_job(run_dir: str | None, console: Console) -> None:
     """SIGKILL every process of the job now, and say so."""
     _ignore([signal.SIGINT])  # a third Ctrl-C must not cut the kill short
     n = processes.kill_all(run_dir)
-    console.print(f"llmtrain: interrupted again: killed the job's {n} remaining process(es) at once (SIGKILL)",
-                  markup=False, highlight=False)
+    say(f"interrupted again: killed the job's {n} remaining process(es) at once (SIGKILL)", console=console)
 
 
 def stop_job(backend, run_dir: str, console: Console) -> bool:
@@ -71,8 +71,7 @@ def stop_job(backend, run_dir: str, console: Console) -> bool:
 def interrupted(backend, run_dir: str, console: Console) -> None:
     """Ctrl-C while the job runs: stop it gracefully; a second Ctrl-C kills it."""
     try:
-        console.print("llmtrain: interrupted; stopping every process of the job (Ctrl-C again kills them at once)",
-                      markup=False, highlight=False)
+        say("interrupted; stopping every process of the job (Ctrl-C again kills them at once)", console=console)
     except KeyboardInterrupt:
         kill_job(_scope(backend, run_dir), console)
         return
@@ -82,10 +81,8 @@ def interrupted(backend, run_dir: str, console: Console) -> None:
 def stopped_early(why: str, code: int, before_start: str = "stopped before any worker started") -> int:
     """A Ctrl-C or SIGTERM that reached the top of the launcher (it came before the job started, or between two
     steps of a stop): kill whatever the launcher started and say so in one line instead of a traceback."""
-    from llmtrain.console import get_console
-
     _ignore((signal.SIGINT,) + PREEMPT_SIGNALS)
     n = processes.kill_all()
     said = f"killed the {n} process(es) it had started" if n else before_start
-    get_console().print(f"llmtrain: {why}: {said}", markup=False, highlight=False)
+    say(f"{why}: {said}")
     return code
