@@ -12,6 +12,7 @@ import os
 import sys
 
 from llmtrain.config.errors import ConfigError
+from llmtrain.launch.node.slurm_requeue import start_began
 from llmtrain.launch.run_lock import claim_for_job
 
 
@@ -26,6 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"llmtrain: error: {e.key}: Slurm job {job_id} does not start: {e.message}", flush=True)
         return 1
+    # The checkpoint this start begins from: the job's end tells progress by it (the crash-loop breaker).
+    start_began(argv[0], job_id, int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0))
     return 0
 
 
