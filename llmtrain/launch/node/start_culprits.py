@@ -82,3 +82,14 @@ def start_culprit(run_dir: str, job_output: str, started_s: float, srun_exit: in
         host, code = exited[0]
         return Culprit(host, "startup", f"the node's task exited {code} before any rank started")
     return None
+
+
+def record_launch_failure(run_dir: str, agent_output: str, code: int, host: str) -> None:
+    """For a launcher that watched its nodes (ssh, local): the culprit rank's host, else the node `host` whose
+    agent failed, into nodes.json."""
+    from llmtrain.rundir.node_ledger import record_node_event
+
+    culprit = start_culprit(run_dir, agent_output, 0.0, code)
+    if culprit is None or culprit.kind != "failure":
+        culprit = Culprit(host, "failure", f"the node agent on {host} exited {code}")
+    record_node_event(run_dir, culprit.host, culprit.kind, culprit.detail)
