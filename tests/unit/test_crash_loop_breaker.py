@@ -62,9 +62,9 @@ def test_a_failed_start_requeues_without_the_host_that_failed_twice(tmp_path, sl
     # The update after the requeue: Slurm refuses ExcNodeList for a running job.
     assert slurm == [("requeue", "12"), ("update", "12", "ExcNodeList=node9,node2")]
     out = capsys.readouterr().out.splitlines()
-    assert out == ["llmtrain: this start failed (rank 0 on node2 exited 1); requeueing job 12 to start again from "
-                   "the newest checkpoint",
-                   "llmtrain: requeue excludes node2 (2 failures: rank 0 on node2 exited 1)"]
+    assert out == ["llmtrain: this start failed (rank 0 on node2 exited 1)",
+                   "llmtrain: requeue excludes node2 (2 failures: rank 0 on node2 exited 1)",
+                   "llmtrain: requeueing job 12 to start again from the newest checkpoint"]
     ledger = read_ledger(run_dir)
     assert ledger["hosts"]["node2"]["failure"] == 2 and ledger["excluded"]["hosts"] == ["node9", "node2"]
     assert json.loads((tmp_path / "job.json").read_text())["launches"][0]["excluded_nodes"] == ["node9", "node2"]
@@ -77,9 +77,9 @@ def test_the_breaker_stops_the_requeue_after_the_limit(tmp_path, slurm, capsys):
     _failed_start(run_dir, 1)
     assert slurm_job_end.job_end(run_dir, 1, 30, True, "12") == 1
     assert [c[0] for c in slurm] == ["requeue"]
-    last = capsys.readouterr().out.splitlines()[-1]
+    said = capsys.readouterr().out.splitlines()
     reason = "2 starts in a row saved no checkpoint (last: rank 0 on node2 exited 1)"
-    assert last == f"llmtrain: not requeued: {reason}"
+    assert said[-2:] == ["llmtrain: this start failed (rank 0 on node2 exited 1)", f"llmtrain: not requeued: {reason}"]
     assert read_ledger(run_dir)["stopped"]["reason"] == reason
     assert json.loads((tmp_path / "job.json").read_text())["launches"][0]["not_requeued"] == reason
 

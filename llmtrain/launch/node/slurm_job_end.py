@@ -64,8 +64,9 @@ def failed_start(run_dir: str, srun_exit: int, may_requeue: bool, job_id: str, s
     failure = culprit.summary() if culprit else f"the job's step exited {srun_exit}"
     if not may_requeue:
         return srun_exit
-    say(f"this start failed ({failure}); requeueing job {job_id} to start again from the newest checkpoint")
-    why = slurm_requeue.requeue_or_stop(run_dir, job_id, failure)
+    say(f"this start failed ({failure})")
+    why = slurm_requeue.requeue_or_stop(run_dir, job_id, failure,
+                                        f"requeueing job {job_id} to start again from the newest checkpoint")
     if why is None:
         return 0
     say(f"not requeued: {why}")

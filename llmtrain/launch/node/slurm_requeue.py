@@ -71,9 +71,9 @@ def failed_start(run_dir: str, job_id: str, job_output: str, srun_exit: int, set
     return culprit
 
 
-def requeue_or_stop(run_dir: str, job_id: str, failure: str | None) -> str | None:
-    """Requeue the job, leaving out its bad hosts; None when Slurm took it, else why it was not requeued
-    (recorded in nodes.json and job.json for `llmtrain status`)."""
+def requeue_or_stop(run_dir: str, job_id: str, failure: str | None, announce: str | None = None) -> str | None:
+    """Requeue the job, leaving out its bad hosts (`announce`: said just before the requeue); None when Slurm took
+    it, else why it was not requeued (recorded in nodes.json and job.json for `llmtrain status`)."""
     policy = read_policy(run_dir)
     step = newest_step(run_dir)
     counted = {}
@@ -89,6 +89,8 @@ def requeue_or_stop(run_dir: str, job_id: str, failure: str | None) -> str | Non
         try:
             for host, bad in added.items():
                 say(f"requeue excludes {host} ({bad})")
+            if announce:
+                say(announce)
             why = client.requeue(job_id, timeout=SLURM_TIMEOUT_S)
             if why is None and added:
                 _exclude(run_dir, job_id, hosts, added)
