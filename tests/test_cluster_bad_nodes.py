@@ -99,4 +99,7 @@ def test_a_job_failing_on_every_start_stops_after_the_limit(jobs, cluster):
     assert ledger["starts"]["without_progress"] == 2
     status = run_cli(["status", str(run_dir)], env=cluster.env, timeout=60)
     assert status.returncode == 0, status.stderr
-    assert f"stopped     not requeued: {said[-1][len('llmtrain: not requeued: '):]}" in status.stdout.splitlines()
+    lines = status.stdout.splitlines()
+    assert f"state       failed: {said[-1][len('llmtrain: '):]}" in lines, status.stdout
+    assert f"excluded    {last[1]} (bad nodes, RUN_DIR/nodes.json)" not in lines  # the second node: not requeued
+    assert re.fullmatch(r"excluded    node[12] \(bad nodes, RUN_DIR/nodes.json\)", lines[-1]), status.stdout

@@ -133,8 +133,6 @@ def lines(f: dict) -> list[str]:
         out.append(("overrides", shlex.join(f["overrides"])))
     if f["excluded_nodes"]:
         out.append(("excluded", ", ".join(f["excluded_nodes"]) + " (bad nodes, RUN_DIR/nodes.json)"))
-    if f["stopped"]:
-        out.append(("stopped", f"not requeued: {f['stopped']}"))
     text = [f"{key:<11} {value}" for key, value in out]
     if len(f["launches"]) > 1:
         text.append("launches")

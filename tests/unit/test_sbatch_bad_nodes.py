@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import subprocess
 
+import pytest
 from test_cluster_config import slurm_cfg
 
+from llmtrain.config import ConfigError
 from llmtrain.launch.backends.slurm import SlurmBackend
 
 
@@ -34,3 +36,12 @@ def test_a_failing_setup_line_ends_the_start_through_the_jobs_end(tmp_path):
     assert failed.stderr == "llmtrain: node set-up failed: cluster.setup line 2 (false) exited with status 1\n"
     passed = run("true")
     assert (passed.returncode, passed.stdout) == (0, "after set-up\n")  # the trap is gone once set-up is done
+
+
+@pytest.mark.parametrize("override,line", [
+    ("cluster.bad_node_failures=0", "cluster.bad_node_failures: must be >= 1 (got 0)"),
+    ("cluster.max_starts_without_progress=-1", "cluster.max_starts_without_progress: must be >= 0 (got -1)")])
+def test_bad_node_keys_out_of_range_are_refused_naming_the_key(override, line):
+    with pytest.raises(ConfigError) as refused:
+        slurm_cfg(override)
+    assert f"{refused.value.key}: {refused.value.message}" == line
