@@ -24,11 +24,12 @@ def _statuses(run_dir, status, step=40, saved=True):
 def slurm(monkeypatch):
     calls = {"requeued": []}
 
-    def requeue(job):
+    def requeue(job, timeout=60):
         calls["requeued"].append(job)
         return calls.get("refuse")
 
-    monkeypatch.setattr(slurm_job_end, "requeue", requeue)
+    monkeypatch.setattr(client, "requeue", requeue)
+    monkeypatch.setattr(client, "show_job", lambda job, timeout=30: None)
     monkeypatch.setattr(slurm_job_end, "seconds_left", lambda job: calls.get("left"))
     return calls
 
@@ -61,7 +62,8 @@ def test_stop_on_request_or_finished_run_is_not_requeued(tmp_path, slurm, capsys
     _statuses(tmp_path / "done", "ok")
     slurm["left"] = 25.0
     assert slurm_job_end.job_end(str(tmp_path / "done"), 0, 30, True, "12") == 0
-    assert slurm_job_end.job_end(str(tmp_path / "done"), 137, 30, True, "12") == 137  # srun failed: its code
+    # srun failed and cluster.requeue=false: its code (with requeue, tests/unit/test_crash_loop_breaker.py)
+    assert slurm_job_end.job_end(str(tmp_path / "done"), 137, 30, False, "12") == 137
     assert slurm["requeued"] == []
 
 

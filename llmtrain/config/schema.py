@@ -290,6 +290,13 @@ class ClusterConfig:
     cpus_per_node: Optional[int] = None
     job_name: Optional[str] = None
     requeue: bool = True
+    # slurm: a requeue (after the time limit, a preemption or a failure) leaves out the hosts RUN_DIR/nodes.json
+    # holds bad: one start-up failure, or bad_node_failures rank failures and hangs; merged with the job's own
+    # exclusions (cluster.sbatch_extra's --exclude).
+    exclude_bad_nodes: bool = True
+    bad_node_failures: int = 2
+    # slurm: stop requeueing after this many starts in a row that saved no new checkpoint (0: never stop).
+    max_starts_without_progress: int = 3
     # Seconds before the time limit at which the job sends its workers SIGUSR1 (checkpoint and stop).
     signal_before_end_s: int = 120
     sbatch_extra: List[str] = field(default_factory=list)

@@ -298,6 +298,8 @@ def _validate_cluster(cfg: DictConfig) -> None:
     _require(cfg.checkpoint.interval >= 0, "checkpoint.interval", f"must be >= 0 (got {cfg.checkpoint.interval})")
     _require(cfg.checkpoint.interval_minutes >= 0, "checkpoint.interval_minutes",
              f"must be >= 0 (got {cfg.checkpoint.interval_minutes}); 0 saves by step count only")
+    _require(c.bad_node_failures >= 1, "cluster.bad_node_failures", f"must be >= 1 (got {c.bad_node_failures})")
+    _non_negative(cfg, "cluster.max_starts_without_progress")
     _require(cfg.checkpoint.keep >= 1, "checkpoint.keep", f"must be >= 1 (got {cfg.checkpoint.keep})")
     if c.name == "ssh":
         _require(c.hostfile not in (None, "???"), "cluster.hostfile",

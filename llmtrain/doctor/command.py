@@ -7,7 +7,8 @@ torch, CUDA, NCCL) and whether they agree, accelerators per rank, the interface 
 collectives use, and all-reduce bus bandwidth within nodes, across nodes and over all ranks. Exits 1 on a problem.
 
 Each check gets a folder of its own, doctor.dir/<YYYYmmdd-HHMMSS>/ (config.yaml, logs/, report.json): doctor
-never writes into a run directory nor takes its lock, so it can run beside a job.
+never writes into a run directory nor takes its lock, so it can run beside a job. It reads one: the hosts the
+configured run.dir's nodes.json holds bad are named first (ledger_marks.py).
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from omegaconf import DictConfig
 
 from llmtrain.config import to_yaml
 from llmtrain.config.errors import ConfigError
-from llmtrain.console import get_console, plain
+from llmtrain.console import get_console, plain, say
+from llmtrain.doctor.ledger_marks import ledger_lines
 from llmtrain.doctor.node_availability import nodes_ready
 from llmtrain.doctor.findings import problems, render
 from llmtrain.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
@@ -80,6 +82,8 @@ def run_doctor(cfg: DictConfig, max_bytes: int | None, iters: int) -> int:
         cfg.cluster.job_name = cfg.cluster.job_name or "llmtrain-doctor"
     # The backend is built once for its checks (tools on PATH, the hostfile) before anything is written.
     get_backend(cfg, os.path.abspath(cfg.doctor.dir), worker_module=WORKER).check_ready()
+    for line in ledger_lines(cfg):  # the configured run.dir's record, before run.dir becomes doctor's folder
+        say(line)
     if not nodes_ready(cfg, console):
         return EXIT_PROBLEM
     out_dir = cfg.run.dir = results_dir(cfg.doctor.dir)

@@ -114,6 +114,8 @@ def _ended(run_dir: str, launch: dict, slurm: SlurmJob | None) -> tuple[str, str
     preempted = {r: s for r, s in statuses.items() if s.get("status") == "preempted"}
     if code == LAUNCHER_INTERRUPTED:
         return INTERRUPTED, "stopped by Ctrl-C or llmtrain cancel --now (the launcher exited 130)"
+    if launch.get("not_requeued") and not preempted:  # the Slurm job stopped itself (launch/node/slurm_requeue.py)
+        return FAILED, f"not requeued: {launch['not_requeued']}"
     if errors:
         error = (statuses[errors[0]].get("error") or "").strip().splitlines()
         return FAILED, f"{describe_rank(run_dir, errors[0])} failed" + (f": {error[0]}" if error else "")

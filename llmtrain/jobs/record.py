@@ -2,7 +2,8 @@
 
 One entry per launch, oldest first, so `llmtrain status` can show the history: the backend, the launcher's host
 and pid, the Slurm job id (once sbatch gave one), the hosts, the start time, the overrides, and how the launcher
-ended. The file is rewritten whole and atomically; only the launcher holding RUN_DIR/.lock writes it.
+ended; a Slurm job adds why it stopped requeueing and the nodes its requeue excludes. The file is rewritten whole
+and atomically, by whoever holds RUN_DIR/.lock: the launcher, or the Slurm job it submitted.
 """
 
 from __future__ import annotations
@@ -84,7 +85,19 @@ class LaunchRecord:
         self.entry.update(job_id=job_id, exit_code=exit_code, ended=time.strftime("%Y-%m-%d %H:%M:%S"))
         launches = read_launches(self.run_dir)
         if launches and launches[-1].get("launch") == self.entry["launch"]:
-            launches[-1] = self.entry
+            # The Slurm job may have added to this entry meanwhile (note_job): kept.
+            launches[-1] = {**launches[-1], **self.entry}
         else:  # the record was removed or replaced meanwhile: keep at least this launch
             launches.append(self.entry)
         _write(self.run_dir, launches)
+
+
+def note_job(run_dir: str, job_id: str, **facts) -> None:
+    """Add facts to the launch that submitted Slurm job `job_id` (the newest launch while its launcher has not yet
+    recorded the id): written by the job itself, which holds RUN_DIR/.lock while it runs."""
+    launches = read_launches(run_dir)
+    mine = [e for e in launches if str(e.get("job_id")) == str(job_id)] or \
+        [e for e in launches[-1:] if e.get("backend") == "slurm" and e.get("job_id") is None]
+    if mine:
+        mine[-1].update(facts)
+        _write(run_dir, launches)

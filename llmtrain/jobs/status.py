@@ -17,6 +17,7 @@ from llmtrain.jobs import rundir
 from llmtrain.jobs.record import read_launches
 from llmtrain.jobs.job_state import LAUNCHER_OWNED, PENDING, JobState, job_state
 from llmtrain.rundir.metrics_file import read_metrics
+from llmtrain.rundir.node_ledger import read_ledger
 
 TAIL_BYTES = 1 << 16  # the last train row is near the end of metrics.jsonl: read only this much first
 
@@ -55,6 +56,7 @@ def facts(run_dir: str, cfg, job: JobState | None = None) -> dict:
     launch = job.launch
     row = last_train_row(run_dir)
     latest, _ = store.latest_complete(run_dir)
+    ledger = read_ledger(run_dir)
     nodes = job.slurm.nodes if job.slurm and job.slurm.nodes else launch.get("hosts")
     launcher = launch.get("launcher") or ({"host": job.holder.get("host"), "pid": job.holder.get("pid")}
                                           if job.holder.get("pid") and not job.holder.get("job") else None)
@@ -68,6 +70,9 @@ def facts(run_dir: str, cfg, job: JobState | None = None) -> dict:
         "checkpoint": {"step": latest.step, "path": latest.path} if latest else None,
         "metrics_step": row.get("step"), "loss": row.get("loss"), "tokens_per_s": row.get("tokens_per_s"),
         "mfu": row.get("mfu"), "elapsed_s": row.get("elapsed_s"), "launches": read_launches(run_dir),
+        # The Slurm job's own account (nodes.json): the hosts its requeue leaves out, why it stopped requeueing.
+        "excluded_nodes": (ledger.get("excluded") or {}).get("hosts"),
+        "stopped": (ledger.get("stopped") or {}).get("reason"),
     }
 
 
@@ -128,6 +133,8 @@ def lines(f: dict) -> list[str]:
            ("checkpoint", checkpoint), ("last row", _metrics_line(f)), ("elapsed", duration(f["elapsed_s"]))]
     if f["overrides"]:
         out.append(("overrides", shlex.join(f["overrides"])))
+    if f["excluded_nodes"]:
+        out.append(("excluded", ", ".join(f["excluded_nodes"]) + " (bad nodes, RUN_DIR/nodes.json)"))
     text = [f"{key:<11} {value}" for key, value in out]
     if len(f["launches"]) > 1:
         text.append("launches")

@@ -78,6 +78,14 @@ def requeue(job_id: str, timeout: float = 60) -> str | None:
     return None if out.returncode == 0 else last_line(out)
 
 
+def update_job(job_id: str, *fields: str, timeout: float = 60) -> str | None:
+    """`scontrol update JobId=ID FIELD=VALUE...`; None when Slurm took it, else why not."""
+    out = run(["scontrol", "update", f"JobId={job_id}", *fields], timeout)
+    if out is None:
+        return f"scontrol update did not run or answer within {timeout:g} s"
+    return None if out.returncode == 0 else last_line(out)
+
+
 def cancel(*args: str, timeout: float = 60) -> str | None:
     """`scancel ARGS`; None when it worked, else what went wrong, in one line."""
     try:

@@ -71,6 +71,7 @@ def job_from_json(job: dict) -> dict[str, str]:
         "JobState": _state(job.get("job_state")),
         "Reason": str(job.get("state_reason") or "None"),
         "NodeList": nodes,
+        "ExcNodeList": str(job.get("excluded_nodes") or "(null)"),
         "NumNodes": "" if count is None else str(count),
         "Partition": str(job.get("partition", "")),
         "Restarts": str(_number(job.get("restart_cnt")) or 0),

@@ -10,6 +10,7 @@ import os
 import socket
 
 from llmtrain.config.errors import ConfigError
+from llmtrain.launch.node.start_culprits import record_launch_failure
 from llmtrain.launch.supervision import processes
 from llmtrain.launch.backends.base import Backend, NodeCommand, free_port, node_python, torchrun_argv, worker_env
 from llmtrain.launch.supervision.failures import report_failure
@@ -63,6 +64,7 @@ class LocalBackend(Backend):
         self.proc = processes.start(cmd.argv, env, log, on_line=self.output.append, stdin_pipe=True)
         code = self.follow(monitor)
         if code != 0:
+            record_launch_failure(self.run_dir, "".join(self.output), code, socket.gethostname())
             report_failure(monitor.console, self.run_dir, "".join(self.output), code,
                            node=self.cfg.cluster.node_rank)
         self.stop()

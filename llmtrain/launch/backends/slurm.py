@@ -19,6 +19,7 @@ it never hangs it.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import subprocess
 
@@ -132,6 +133,9 @@ class SlurmBackend(Backend):
                 lines.append(f"#SBATCH --{option}={value}")
         if self.gpus_per_node():
             lines.append(f"#SBATCH --gpus-per-node={self.gpus_per_node()}")
+        if c.exclude:  # ',' or '@' between names, as for cluster=ssh
+            names = ",".join(n.strip() for n in re.split(r"[,@]", c.exclude) if n.strip())
+            lines.append(f"#SBATCH --exclude={sbatch_quoted(names, 'cluster.exclude')}")
         if c.requeue:
             lines.append("#SBATCH --requeue")
         return lines + [f"#SBATCH {extra}" for extra in c.sbatch_extra]
@@ -141,8 +145,13 @@ class SlurmBackend(Backend):
         container, the lines run inside it instead)."""
         if not setup_outside(self.cfg):
             return []
-        return ["set +u  # set-up scripts (module, conda, venv activate) may read unset variables",
-                *setup_statements(setup_outside(self.cfg)), "set -u"]
+        # A failing line ends the start like a failed step: recorded against this node, maybe requeued.
+        end = (f"LLMTRAIN_SETUP_FAILED=1 exec {shlex.quote(host_python(self.cfg))} -m llmtrain.launch.node."
+               f"slurm_job_end {shlex.quote(self.run_dir)} \"$code\" {self.cfg.cluster.signal_before_end_s} "
+               f"{int(bool(self.cfg.cluster.requeue))} 0")
+        return [f"trap {shlex.quote('code=$?; ' + end)} EXIT",
+                "set +u  # set-up scripts (module, conda, venv activate) may read unset variables",
+                *setup_statements(setup_outside(self.cfg)), "set -u", "trap - EXIT"]
 
     def _srun_argv(self) -> list[str]:
         """srun with one task per node and the job's CPUs for it (said again: some Slurm versions do not pass

@@ -29,6 +29,7 @@ from rich.markup import escape
 from llmtrain.config.derived import world_size
 from llmtrain.config.errors import ConfigError
 from llmtrain.console import plain, say
+from llmtrain.launch.node.start_culprits import record_launch_failure
 from llmtrain.launch.supervision import processes
 from llmtrain.launch.backends.reachability import check_host
 from llmtrain.launch.backends.ssh_options import ssh_base
@@ -204,6 +205,7 @@ class SSHBackend(Backend):
         codes = [p.poll() for p in self.procs]
         outputs = ["".join(o) for o in self.outputs]
         node = culprit_node(self.run_dir, outputs, codes, self.failure_order)
+        record_launch_failure(self.run_dir, outputs[node], codes[node] or code, self.hosts[node].name)
         where = node_label(node, self.hosts[node].name)
         log = os.path.join(self.run_dir, "logs", f"node{node}.log")
         if codes[node] == SSH_ERROR and not agent_failures(outputs[node]):

@@ -10,6 +10,10 @@ node failures and preemption, not on a clean exit). So when the workers stopped 
 near, the job requeues itself (`scontrol requeue`) and the requeued job resumes from that checkpoint. When it
 cannot, the job fails with a message saying the run is unfinished and how to continue. A signal far from the time
 limit (`llmtrain cancel`, a preempting launcher) is a stop the user asked for: not requeued.
+
+A start that failed (a rank, a node's set-up) is recorded against its host in RUN_DIR/nodes.json and, with
+cluster.requeue, requeued too: without the hosts the record holds bad, and not after
+cluster.max_starts_without_progress starts in a row without a new checkpoint (slurm_requeue.py).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import sys
 import time
 
 from llmtrain.console import say
+from llmtrain.launch.node import slurm_requeue
 from llmtrain.launch.supervision.failures import rank_statuses
 from llmtrain.slurm import client
 
@@ -39,15 +44,36 @@ def seconds_left(job_id: str) -> float | None:
     return end - time.time()
 
 
-def requeue(job_id: str) -> str | None:
-    """Requeue the job; None when Slurm took it, else why not."""
-    return client.requeue(job_id, timeout=60)
+def job_output(run_dir: str, job_id: str) -> str:
+    try:
+        with open(os.path.join(run_dir, "logs", f"slurm-{job_id}.out"), errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def failed_start(run_dir: str, srun_exit: int, may_requeue: bool, job_id: str, setup_failed: bool) -> int:
+    """A start that failed: its culprit host goes into nodes.json, and with cluster.requeue the job requeues itself
+    without the bad hosts, until the crash-loop breaker stops it. The launcher names the failed rank from the log."""
+    if setup_failed:  # before slurm_job_start ran: this start was not noted yet
+        slurm_requeue.start_began(run_dir, job_id, int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0))
+    culprit = slurm_requeue.failed_start(run_dir, job_id, job_output(run_dir, job_id), srun_exit, setup_failed)
+    failure = culprit.summary() if culprit else f"the job's step exited {srun_exit}"
+    if not may_requeue:
+        return srun_exit
+    say(f"this start failed ({failure})")
+    why = slurm_requeue.requeue_or_stop(run_dir, job_id, failure,
+                                        f"requeueing job {job_id} to start again from the newest checkpoint")
+    if why is None:
+        return 0
+    say(f"not requeued: {why}")
+    return srun_exit
 
 
 def job_end(run_dir: str, srun_exit: int, notice_s: float, may_requeue: bool, job_id: str,
-            noticed: bool = False) -> int:
+            noticed: bool = False, setup_failed: bool = False) -> int:
     if srun_exit != 0:
-        return srun_exit  # a failure: the launcher names the rank from this job's log
+        return failed_start(run_dir, srun_exit, may_requeue, job_id, setup_failed)
     statuses = list(rank_statuses(run_dir).values())
     stopped = [s for s in statuses if s.get("status") == "preempted"]
     if not stopped:
@@ -63,7 +89,7 @@ def job_end(run_dir: str, srun_exit: int, notice_s: float, may_requeue: bool, jo
     if may_requeue and saved:
         near = "came" if noticed else "is near"
         say(f"{cause} {near}: checkpoint at step {step} saved; requeueing job {job_id} to continue")
-        why = requeue(job_id)
+        why = slurm_requeue.requeue_or_stop(run_dir, job_id, None)
         if why is None:
             return 0
     else:
@@ -81,7 +107,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     run_dir, srun_exit, notice_s, may_requeue = argv[0], int(argv[1]), float(argv[2]), argv[3] == "1"
     noticed = argv[4:] == ["1"]
-    return job_end(run_dir, srun_exit, notice_s, may_requeue, os.environ.get("SLURM_JOB_ID", ""), noticed)
+    # Set by the batch script when a cluster.setup line failed before srun (slurm.py).
+    setup_failed = os.environ.get("LLMTRAIN_SETUP_FAILED") == "1"
+    return job_end(run_dir, srun_exit, notice_s, may_requeue, os.environ.get("SLURM_JOB_ID", ""), noticed,
+                   setup_failed)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import sys
 
 from llmtrain.config.errors import ConfigError
 from llmtrain.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from llmtrain.launch.node.slurm_requeue import start_began
 from llmtrain.launch.run_lock import claim_for_job
 
 
@@ -27,6 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"llmtrain: error: {e.key}: Slurm job {job_id} does not start: {e.message}", flush=True)
         return EXIT_FAILED  # the job fails before any worker starts; its submission was not bad input
+    # The checkpoint this start begins from: the job's end tells progress by it (the crash-loop breaker).
+    start_began(argv[0], job_id, int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0))
     return EXIT_OK
 
 

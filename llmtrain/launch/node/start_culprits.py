@@ -1,0 +1,95 @@
+"""Which host a failed start of a Slurm job blames, and how, for RUN_DIR/nodes.json: read at the job's end from its
+log (this start's part of it), the ranks' status and place files, and srun's own account.
+
+- A cluster.setup line that failed in the batch shell: a start-up failure of the job's first node (the batch
+  shell runs there).
+- No rank recorded its place in this start: a start-up failure of the node srun or torchrun names (the node agent,
+  torchrun or the worker's imports failed there).
+- Otherwise the culprit rank of launch/supervision/failures.py, on the host it ran on: a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+from llmtrain.launch.supervision.failures import agent_failures, failed_ranks, rank_statuses
+from llmtrain.launch.supervision.placement import place_path, read_places
+
+# The batch script's line at each start (slurm.py); the job's log is appended to by every start.
+_START = re.compile(r"^llmtrain: job \d+ on \S+, rendezvous \S+ \(restart \d+\)$", re.MULTILINE)
+_SRUN_EXITED = re.compile(r"srun: error: (\S+): tasks? [\d,-]+: Exited with exit code (\d+)")
+SETUP_FAILED = "llmtrain: node set-up failed: "
+
+
+@dataclass(frozen=True)
+class Culprit:
+    host: str
+    kind: str  # "startup" or "failure" (node_ledger.KINDS)
+    detail: str  # `rank 1 on node2 exited 1`; for a start-up failure, what failed (the host is said apart)
+
+    def summary(self) -> str:
+        """The failure in a few words, host included."""
+        return self.detail if self.kind == "failure" else f"start-up failure on {self.host}: {self.detail}"
+
+
+def this_start(job_output: str) -> str:
+    """The part of the job's log written by its newest start."""
+    starts = list(_START.finditer(job_output))
+    return job_output[starts[-1].start():] if starts else job_output
+
+
+def _placed_since(run_dir: str, since: float) -> dict[int, dict]:
+    out = {}
+    for rank, place in read_places(run_dir).items():
+        try:
+            if os.path.getmtime(place_path(run_dir, rank)) >= since:
+                out[rank] = place
+        except OSError:
+            continue
+    return out
+
+
+def _how(code: int) -> str:
+    return f"killed by signal {-code}" if code < 0 else f"exited {code}"
+
+
+def setup_culprit(job_output: str, host: str) -> Culprit:
+    said = [ln.split(SETUP_FAILED, 1)[1] for ln in this_start(job_output).splitlines() if SETUP_FAILED in ln]
+    return Culprit(host, "startup", said[-1] if said else "cluster.setup failed")
+
+
+def start_culprit(run_dir: str, job_output: str, started_s: float, srun_exit: int) -> Culprit | None:
+    """The host this start's failure blames, or None when nothing names one."""
+    output = this_start(job_output)
+    failures, statuses = agent_failures(output), rank_statuses(run_dir)
+    placed = _placed_since(run_dir, started_s)
+    ranks = failed_ranks(run_dir, output)
+    if placed and ranks:
+        rank = ranks[0]
+        failure, status = failures.get(rank), statuses.get(rank, {})
+        host = status.get("host") or placed.get(rank, {}).get("host") or (failure.host if failure else None)
+        if host:
+            how = _how(failure.code) if failure else f"failed (job exit code {srun_exit})"
+            return Culprit(host, "failure", f"rank {rank} on {host} {how}")
+    for rank in ranks:  # torchrun ran, no worker got as far as recording its place
+        failure = failures.get(rank)
+        if failure and failure.host:
+            return Culprit(failure.host, "startup", f"rank {rank} {_how(failure.code)} before it started")
+    exited = _SRUN_EXITED.findall(output)
+    if exited and not placed:
+        host, code = exited[0]
+        return Culprit(host, "startup", f"the node's task exited {code} before any rank started")
+    return None
+
+
+def record_launch_failure(run_dir: str, agent_output: str, code: int, host: str) -> None:
+    """For a launcher that watched its nodes (ssh, local): the culprit rank's host, else the node `host` whose
+    agent failed, into nodes.json."""
+    from llmtrain.rundir.node_ledger import record_node_event
+
+    culprit = start_culprit(run_dir, agent_output, 0.0, code)
+    if culprit is None or culprit.kind != "failure":
+        culprit = Culprit(host, "failure", f"the node agent on {host} exited {code}")
+    record_node_event(run_dir, culprit.host, culprit.kind, culprit.detail)
