@@ -17,6 +17,7 @@ from llmtrain.console import fold_table, get_console
 from llmtrain.report.plotting import NO_PLOTS, PLOT_EXTRA, pyplot
 from llmtrain.report.run_report import fmt_loss, fmt_mfu, fmt_tokens_per_s
 from llmtrain.rundir.metrics_file import read_metrics
+from llmtrain.rundir.paths import RunPaths
 
 PLOT_NAME = "compare.png"
 # Keys that differ between any two runs without making them different experiments.
@@ -118,14 +119,14 @@ def load_runs(dirs: list[str]) -> tuple[list[Run], list[str] | None]:
 
 def _load_run(run_dir: str, params: dict, required: bool) -> Run:
     """A run directory's metrics and config; a run of a sweep that has not started yet has neither."""
-    metrics = os.path.join(run_dir, "metrics.jsonl")
+    metrics = RunPaths(run_dir).metrics
     if required and not os.path.isfile(metrics):
         raise ConfigError(run_dir, "not a run directory (no metrics.jsonl) nor a sweep directory (no sweep.yaml)")
     cfg = None
-    if os.path.isfile(os.path.join(run_dir, "config.yaml")):
+    if os.path.isfile(RunPaths(run_dir).config):
         from llmtrain.config import load_run_config
 
-        cfg = load_run_config(os.path.join(run_dir, "config.yaml"))
+        cfg = load_run_config(RunPaths(run_dir).config)
     return Run(run_dir, read_metrics(metrics) if os.path.isfile(metrics) else [], cfg,
                {str(k): str(v) for k, v in params.items()})
 

@@ -12,6 +12,7 @@ from llmtrain.console import fold_table, get_console
 from llmtrain.report.plotting import NO_PLOTS, PLOT_EXTRA, pyplot
 from llmtrain.report.source_table import plot_source_val_loss, source_rows, val_loss_step
 from llmtrain.rundir.metrics_file import read_metrics
+from llmtrain.rundir.paths import RunPaths
 
 
 def add_report_arguments(parser: argparse.ArgumentParser) -> None:
@@ -229,17 +230,17 @@ def export_tensorboard(rows: list[dict], log_dir: str, metrics_path: str) -> tup
 
 def run_report(args) -> int:
     run_dir = args.run_dir
-    metrics_path = os.path.join(run_dir, "metrics.jsonl")
+    metrics_path = RunPaths(run_dir).metrics
     if not os.path.isfile(metrics_path):
         raise ConfigError(run_dir, "not a run directory: no metrics.jsonl")
     rows = read_metrics(metrics_path)
     cfg = None
-    config_path = os.path.join(run_dir, "config.yaml")
+    config_path = RunPaths(run_dir).config
     if os.path.isfile(config_path):
         from llmtrain.config.compose import load_run_config
 
         cfg = load_run_config(config_path)
-    out_dir = getattr(args, "out", None) or os.path.join(run_dir, "report")
+    out_dir = getattr(args, "out", None) or RunPaths(run_dir).report
 
     summary = summarize(run_dir, rows, cfg)
     title = summary[0][1]
