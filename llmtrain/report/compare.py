@@ -18,6 +18,7 @@ from llmtrain.report.plotting import NO_PLOTS, PLOT_EXTRA, pyplot
 from llmtrain.report.run_report import fmt_loss, fmt_mfu, fmt_tokens_per_s
 from llmtrain.rundir.metrics_file import read_metrics
 from llmtrain.rundir.paths import RunPaths
+from llmtrain.rundir.atomic import atomic_path
 
 PLOT_NAME = "compare.png"
 # Keys that differ between any two runs without making them different experiments.
@@ -255,10 +256,9 @@ def plot(plt, runs: list[Run], path: str) -> None:
     (below if pair else ax).set_xlabel("step")
     ax.xaxis.get_major_locator().set_params(integer=True)  # steps: no 1.25
     fig.tight_layout()
-    tmp = f"{path}.tmp.{os.getpid()}.png"
     try:
-        fig.savefig(tmp, dpi=100)
-        os.replace(tmp, path)
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=100, format="png")
     except OSError as e:
         raise ConfigError("--plot", f"cannot write {path}: {e.strerror or e}") from None
     finally:

@@ -13,6 +13,7 @@ from llmtrain.report.plotting import NO_PLOTS, PLOT_EXTRA, pyplot
 from llmtrain.report.source_table import plot_source_val_loss, source_rows, val_loss_step
 from llmtrain.rundir.metrics_file import read_metrics
 from llmtrain.rundir.paths import RunPaths
+from llmtrain.rundir.atomic import atomic_path
 
 
 def add_report_arguments(parser: argparse.ArgumentParser) -> None:
@@ -134,12 +135,11 @@ def summarize(run_dir: str, rows: list[dict], cfg=None) -> list[tuple[str, str]]
 
 def _save(plt, fig, path: str) -> None:
     fig.tight_layout()
-    tmp = f"{path}.tmp.{os.getpid()}.png"
     try:
-        fig.savefig(tmp, dpi=100)
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=100, format="png")
     finally:
         plt.close(fig)
-    os.replace(tmp, path)
 
 
 def _no_data(ax, what: str) -> None:
