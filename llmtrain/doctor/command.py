@@ -96,14 +96,14 @@ def run_doctor(cfg: DictConfig, max_bytes: int | None, iters: int) -> int:
         raise
     except KeyboardInterrupt:
         backend.stop()
-        say(f"llmtrain doctor: interrupted; logs in {os.path.join(out_dir, 'logs')}")
+        say(f"llmtrain doctor: interrupted; logs in {RunPaths(out_dir).logs}")
         return EXIT_INTERRUPTED
     path = os.path.join(out_dir, "report.json")
     if code != 0 or not os.path.exists(path):
         if os.path.exists(path):  # rank 0 got that far, but the job did not end well: never a success
             record_verdict(path, [f"the preflight job failed (exit code {code})"])
         console.print(f"[bold red]llmtrain doctor: the preflight job failed (exit code {code}); see "
-                      f"{os.path.join(out_dir, 'logs')}[/]", highlight=False, soft_wrap=True)
+                      f"{RunPaths(out_dir).logs}[/]", highlight=False, soft_wrap=True)
         return EXIT_PROBLEM
     with open(path) as f:
         report = json.load(f)

@@ -215,10 +215,10 @@ def _stand_ins(run_dir: str, rank: int, first: int, node: int | None) -> list[tu
     out = [(f"rank {first}'s log", paths.rank_log(first))] if first != rank else []
     placed = read_places(run_dir).get(rank, {}).get("node")
     node = node if placed is None else placed
-    agents = [f"node{node}.log"] if node is not None else \
-        sorted(n for n in _names(logs) if re.fullmatch(r"node\d+\.log", n))
+    agents = [paths.node_log(node)] if node is not None else \
+        sorted(os.path.join(logs, n) for n in _names(logs) if re.fullmatch(r"node\d+\.log", n))
     if len(agents) == 1:
-        out.append(("its node agent's log", os.path.join(logs, agents[0])))
+        out.append(("its node agent's log", agents[0]))
     return out
 
 
