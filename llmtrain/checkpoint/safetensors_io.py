@@ -67,4 +67,3 @@ def read_safetensors_header(path: str | os.PathLike) -> dict[str, tuple[tuple[in
     """{tensor name: (shape, dtype name)} from the file's header alone: no tensor data is read."""
     with open_safetensors(Path(path)) as f:
         return {name: (tuple(f.get_slice(name).get_shape()), f.get_slice(name).get_dtype()) for name in f.keys()}
-

@@ -260,4 +260,3 @@ def file_crc32(path: str) -> int:
         while chunk := f.read(1 << 22):
             crc = zlib.crc32(chunk, crc)
     return crc
-

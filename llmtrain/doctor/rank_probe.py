@@ -9,6 +9,7 @@ import os
 import platform
 import socket
 import sys
+
 from llmtrain.rundir.atomic import atomic_write_json
 from llmtrain.rundir.paths import RunPaths
 

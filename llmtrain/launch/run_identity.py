@@ -22,7 +22,6 @@ from llmtrain.data.identity import data_changes
 from llmtrain.rundir.paths import METRICS, RUN_FILES, RunPaths
 
 
-
 def conflict(cfg: DictConfig, run_dir: str, resume_path: str | None, old_cfg: DictConfig | None) -> tuple[str, list]:
     """(why this launch would start a different run, the checkpoints to move aside), or ("", [])."""
     newest, _ = store.latest_complete(run_dir)

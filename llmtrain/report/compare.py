@@ -17,8 +17,8 @@ from llmtrain.console import fold_table, get_console
 from llmtrain.report.plotting import NO_PLOTS, PLOT_EXTRA, pyplot
 from llmtrain.report.run_report import fmt_loss, fmt_mfu, fmt_tokens_per_s
 from llmtrain.rundir.metrics_file import read_metrics
-from llmtrain.rundir.paths import RunPaths
 from llmtrain.rundir.atomic import atomic_path
+from llmtrain.rundir.paths import RunPaths
 
 PLOT_NAME = "compare.png"
 # Keys that differ between any two runs without making them different experiments.

@@ -12,8 +12,8 @@ from llmtrain.console import fold_table, get_console
 from llmtrain.report.plotting import NO_PLOTS, PLOT_EXTRA, pyplot
 from llmtrain.report.source_table import plot_source_val_loss, source_rows, val_loss_step
 from llmtrain.rundir.metrics_file import read_metrics
-from llmtrain.rundir.paths import RunPaths
 from llmtrain.rundir.atomic import atomic_path
+from llmtrain.rundir.paths import RunPaths
 
 
 def add_report_arguments(parser: argparse.ArgumentParser) -> None:

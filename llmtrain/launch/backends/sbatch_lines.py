@@ -3,7 +3,6 @@ the batch shell's handling of a preemption notice. slurm.py renders the rest of 
 
 from __future__ import annotations
 
-
 from llmtrain.config.errors import ConfigError
 from llmtrain.rundir.paths import RunPaths
 
