@@ -7,7 +7,6 @@ rank ended, so the launcher can name the rank that failed.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import sys
@@ -15,6 +14,8 @@ import traceback
 from datetime import timedelta
 
 from llmtrain.launch.supervision.placement import record_place
+from llmtrain.rundir import rank_files
+from llmtrain.rundir.paths import RunPaths
 
 
 def _redirect_output(log_path: str) -> None:
@@ -29,13 +30,10 @@ def _redirect_output(log_path: str) -> None:
     sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
 
 
-def _write_status(path: str, status: str, error: str | None = None, **extra) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump({"status": status, "error": error,
-                   "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
-                   "host": socket.gethostname(), **extra}, f)
-    os.replace(tmp, path)
+def _write_status(run_dir: str, rank: int, status: str, error: str | None = None, **extra) -> None:
+    rank_files.write_status(run_dir, rank, {"status": status, "error": error,
+                                            "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
+                                            "host": socket.gethostname(), **extra})
 
 
 def init_process_group(device_type: str, timeout_s: int) -> None:
@@ -52,11 +50,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     run_dir = os.path.abspath(argv[0])
     rank = int(os.environ.get("RANK", 0))
-    logs = os.path.join(run_dir, "logs")
-    os.makedirs(logs, exist_ok=True)
-    _redirect_output(os.path.join(logs, f"rank{rank}.log"))
+    paths = RunPaths(run_dir)
+    os.makedirs(paths.logs, exist_ok=True)
+    _redirect_output(paths.rank_log(rank))
     record_place(run_dir, rank)
-    status_path = os.path.join(logs, f"rank{rank}.status")
 
     import torch
     import torch.distributed as dist
@@ -68,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     from llmtrain.train.trainer import Trainer
 
     try:
-        cfg = load_run_config(os.path.join(run_dir, "config.yaml"))
+        cfg = load_run_config(paths.config)
         # The launcher validated it on its node; this node may lack what it found there (a package, a file).
         validate_here(cfg)
         torch.manual_seed(cfg.train.seed)
@@ -79,19 +76,19 @@ def main(argv: list[str] | None = None) -> int:
     except Preempted as e:
         # Exit 0 so torchrun does not restart us; the launcher reads "preempted" from the status file.
         # The launcher says it (once): this rank's log already shows the save.
-        _write_status(status_path, "preempted", str(e), step=e.step, saved=e.saved)
+        _write_status(run_dir, rank, "preempted", str(e), step=e.step, saved=e.saved)
         if dist.is_initialized():
             dist.destroy_process_group()
         return 0
     except BaseException as e:  # noqa: BLE001 - every way out is recorded for the launcher
         traceback.print_exc()
-        _write_status(status_path, "error", f"{type(e).__name__}: {e}")
+        _write_status(run_dir, rank, "error", f"{type(e).__name__}: {e}")
         sys.stdout.flush()
         sys.stderr.flush()
         # os._exit: skip interpreter teardown that can hang on a broken process group.
         os._exit(1)
     # The step reached and the goal: a run stopped by train.stop_at_step ended well, short of train.max_steps.
-    _write_status(status_path, "ok", state_bytes=trainer.state_bytes, step=trainer.step,
+    _write_status(run_dir, rank, "ok", state_bytes=trainer.state_bytes, step=trainer.step,
                   max_steps=cfg.train.max_steps)
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -25,6 +25,7 @@ from llmtrain.checkpoint.safetensors_io import (process_umask, read_safetensors,
 from llmtrain.checkpoint.weight_map import EMBED, HEAD, clean_name, model_shapes
 from llmtrain.config import ConfigError, load_run_config, to_yaml
 from llmtrain.config.derived import padded_vocab_size
+from llmtrain.rundir.atomic import publish_dir
 
 FORMATS = ("safetensors", "hf")
 MODEL_PREFIX = "model."
@@ -181,7 +182,7 @@ def export_checkpoint(ckpt_dir: str | os.PathLike, fmt: str, out_dir: str | os.P
         _check_out_dir(out)  # again: something may have appeared meanwhile
         if out.is_dir():
             out.rmdir()  # empty: replaced by the finished folder
-        os.replace(tmp, out)
+        publish_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

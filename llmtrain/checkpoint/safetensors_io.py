@@ -7,7 +7,6 @@ naming it.
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 import torch
@@ -15,17 +14,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from llmtrain.config import ConfigError
-
-
-def process_umask() -> int:
-    """The process umask, read without changing it (os.umask would race with other threads)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0o022
+from llmtrain.rundir.atomic import atomic_path, process_umask  # noqa: F401 - process_umask: for export
 
 
 def _dense_unshared(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -48,18 +37,8 @@ def write_safetensors(tensors: dict[str, torch.Tensor], path: str | os.PathLike,
     path = Path(path)
     tensors = _dense_unshared(tensors)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
+    with atomic_path(path) as tmp:
         save_file(tensors, tmp, metadata=metadata)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~process_umask())  # mkstemp makes it 0600
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def open_safetensors(path: Path):
@@ -88,4 +67,3 @@ def read_safetensors_header(path: str | os.PathLike) -> dict[str, tuple[tuple[in
     """{tensor name: (shape, dtype name)} from the file's header alone: no tensor data is read."""
     with open_safetensors(Path(path)) as f:
         return {name: (tuple(f.get_slice(name).get_shape()), f.get_slice(name).get_dtype()) for name in f.keys()}
-

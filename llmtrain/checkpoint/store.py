@@ -17,15 +17,16 @@ from dataclasses import dataclass
 
 # A damaged checkpoint is a CheckpointError (exit 1); one asked for wrongly is a CheckpointUsageError (exit 2).
 from llmtrain.errors import CheckpointError, CheckpointUsageError
+from llmtrain.rundir.atomic import atomic_write_json, publish_dir
+from llmtrain.rundir.paths import RunPaths
 
-CHECKPOINTS = "checkpoints"
 META = "meta.json"
 DCP_METADATA = ".metadata"
 _NAME = re.compile(r"^step-(\d{7,})(\.tmp)?$")
 
 
 def checkpoints_dir(run_dir: str) -> str:
-    return os.path.join(run_dir, CHECKPOINTS)
+    return RunPaths(run_dir).checkpoints
 
 
 def step_dir(run_dir: str, step: int) -> str:
@@ -197,17 +198,11 @@ def verify(path: str, crc: bool = True) -> dict:
 def finalize(tmp_path: str, meta: dict) -> str:
     """Write meta.json (with the file manifest) into tmp_path and rename it to its final name."""
     meta = dict(meta, files=file_manifest(tmp_path))
-    meta_tmp = os.path.join(tmp_path, META + ".tmp")
-    with open(meta_tmp, "w") as f:
-        json.dump(meta, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(meta_tmp, os.path.join(tmp_path, META))
+    atomic_write_json(os.path.join(tmp_path, META), meta, indent=1)
     final = tmp_path[: -len(".tmp")]
     if os.path.exists(final):  # a finished save of the same step from an earlier attempt
         shutil.rmtree(final)
-    os.replace(tmp_path, final)
-    _fsync_dir(os.path.dirname(final))
+    publish_dir(tmp_path, final)
     return final
 
 
@@ -262,14 +257,3 @@ def file_crc32(path: str) -> int:
         while chunk := f.read(1 << 22):
             crc = zlib.crc32(chunk, crc)
     return crc
-
-
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -10,6 +10,8 @@ import tempfile
 import threading
 from typing import BinaryIO, Iterator
 
+from llmtrain.rundir.atomic import fsync_dir
+
 HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
@@ -49,13 +51,3 @@ def atomic_write(path: str) -> Iterator[BinaryIO]:
             os.unlink(tmp)
         raise
     fsync_dir(directory)
-
-
-def fsync_dir(directory: str) -> None:
-    """Persist the rename itself; not every filesystem supports fsync on a directory."""
-    with contextlib.suppress(OSError):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)

@@ -29,6 +29,8 @@ from llmtrain.doctor.findings import problems, render
 from llmtrain.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from llmtrain.launch.backends.registry import get_backend
 from llmtrain.launch.supervision.monitor import Monitor
+from llmtrain.rundir.atomic import atomic_write_json
+from llmtrain.rundir.paths import RunPaths
 
 WORKER = "llmtrain.doctor.rank_probe"
 EXIT_PROBLEM = EXIT_FAILED
@@ -57,8 +59,9 @@ def sweep_sizes(cfg: DictConfig, max_bytes: int | None) -> list[int]:
 
 def prepare(cfg: DictConfig, out_dir: str, sizes: list[int], iters: int) -> None:
     """What the ranks read: the resolved config (whose run.dir is this folder) and the sweep's arguments."""
-    os.makedirs(os.path.join(out_dir, "logs"))
-    with open(os.path.join(out_dir, "config.yaml"), "w") as f:
+    paths = RunPaths(out_dir)
+    os.makedirs(paths.logs)
+    with open(paths.config, "w") as f:
         f.write(to_yaml(cfg))
     with open(os.path.join(out_dir, "doctor_args.json"), "w") as f:
         json.dump({"sizes": sizes, "iters": iters}, f)
@@ -69,9 +72,7 @@ def record_verdict(path: str, found: list[str]) -> None:
     with open(path) as f:
         report = json.load(f)
     report.update(problems=found, ok=not found)
-    with open(path + ".tmp", "w") as f:
-        json.dump(report, f, indent=1)
-    os.replace(path + ".tmp", path)
+    atomic_write_json(path, report, indent=1)
 
 
 def run_doctor(cfg: DictConfig, max_bytes: int | None, iters: int) -> int:
@@ -98,14 +99,14 @@ def run_doctor(cfg: DictConfig, max_bytes: int | None, iters: int) -> int:
         raise
     except KeyboardInterrupt:
         backend.stop()
-        plain(f"llmtrain doctor: interrupted; logs in {os.path.join(out_dir, 'logs')}", console=console)
+        plain(f"llmtrain doctor: interrupted; logs in {RunPaths(out_dir).logs}", console=console)
         return EXIT_INTERRUPTED
     path = os.path.join(out_dir, "report.json")
     if code != 0 or not os.path.exists(path):
         if os.path.exists(path):  # rank 0 got that far, but the job did not end well: never a success
             record_verdict(path, [f"the preflight job failed (exit code {code})"])
         console.print(f"[bold red]llmtrain doctor: the preflight job failed (exit code {code}); see "
-                      f"{os.path.join(out_dir, 'logs')}[/]", highlight=False, soft_wrap=True)
+                      f"{RunPaths(out_dir).logs}[/]", highlight=False, soft_wrap=True)
         return EXIT_PROBLEM
     with open(path) as f:
         report = json.load(f)

@@ -10,6 +10,9 @@ import platform
 import socket
 import sys
 
+from llmtrain.rundir.atomic import atomic_write_json
+from llmtrain.rundir.paths import RunPaths
+
 ENV_PREFIXES = ("NCCL_", "GLOO_", "CUDA_VISIBLE_DEVICES", "UCX_", "FI_", "TORCH_NCCL", "OMP_NUM_THREADS")
 
 
@@ -42,10 +45,7 @@ def facts(device) -> dict:
 
 
 def write_report(out_dir: str, report: dict) -> None:
-    tmp = os.path.join(out_dir, "report.json.tmp")
-    with open(tmp, "w") as f:
-        json.dump(report, f, indent=1)
-    os.replace(tmp, os.path.join(out_dir, "report.json"))
+    atomic_write_json(os.path.join(out_dir, "report.json"), report, indent=1)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,8 +55,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from llmtrain.worker import _redirect_output
 
-    os.makedirs(os.path.join(out_dir, "logs"), exist_ok=True)
-    _redirect_output(os.path.join(out_dir, "logs", f"rank{rank}.log"))
+    paths = RunPaths(out_dir)  # laid out as a run directory: the launcher's backends run it as one
+    os.makedirs(paths.logs, exist_ok=True)
+    _redirect_output(paths.rank_log(rank))
     import torch.distributed as dist
 
     from llmtrain.config import load_run_config
@@ -64,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     from llmtrain.train.device import resolve_device
     from llmtrain.worker import init_process_group
 
-    cfg = load_run_config(os.path.join(out_dir, "config.yaml"))
+    cfg = load_run_config(paths.config)
     device = resolve_device(cfg.device, int(os.environ.get("LOCAL_RANK", 0)))
     init_process_group(device.type, cfg.launch.pg_timeout_s)
     with open(os.path.join(out_dir, "doctor_args.json")) as f:

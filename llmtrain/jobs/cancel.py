@@ -19,10 +19,11 @@ import time
 
 from llmtrain.console import say
 from llmtrain.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, CancelError
-from llmtrain.jobs import rundir
+from llmtrain.jobs import named_run_dir
 from llmtrain.slurm.client import cancel as scancel
 from llmtrain.jobs.job_state import LAUNCHER_OWNED, UNKNOWN, JobState, describe_launcher, job_state
 from llmtrain.launch.supervision.line_follower import LineFollower
+from llmtrain.rundir.paths import RunPaths
 
 GRACE_MARGIN_S = 30  # beyond launch.preempt_grace_s: the launcher's own clean-up after the workers saved
 NOW_WAIT_S = 60  # --now: time for the launcher to kill everything, or for Slurm to end the job
@@ -74,7 +75,7 @@ def wait_until_stopped(run_dir: str, job: JobState, now: bool, timeout_s: float)
     """Stop each holder the lock names in turn (a Slurm launcher hands the lock to its job as it exits) and wait
     until none is left or timeout_s passes; the trainer's own notes (preemption received, checkpoint saved) are
     passed on meanwhile."""
-    log = LineFollower(os.path.join(run_dir, "logs", "rank0.log"), from_end=True)
+    log = LineFollower(RunPaths(run_dir).rank_log(0), from_end=True)
     deadline, stopped = time.monotonic() + timeout_s, set()
     while job.live and time.monotonic() < deadline:
         if _holder_key(job.holder) not in stopped:
@@ -94,7 +95,7 @@ def run_cancel(args) -> int:
     from llmtrain.launch.supervision import processes
     from llmtrain.launch.run import checkpoint_state
 
-    run_dir, cfg = rundir.load(args.run_dir)
+    run_dir, cfg = named_run_dir.load(args.run_dir)
     job = job_state(run_dir)
     owned = (job.launch.get("backend") or cfg.cluster.name) in LAUNCHER_OWNED
     if not job.live:

@@ -12,7 +12,7 @@ import time
 from llmtrain.closed_stdout import ReaderGone, stdout_reader_gone
 from llmtrain.console import get_console, plain, say
 from llmtrain.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED
-from llmtrain.jobs import rundir
+from llmtrain.jobs import named_run_dir
 from llmtrain.jobs.job_state import FAILED, FINISHED, INTERRUPTED, PREEMPTED, STOPPED, UNKNOWN, JobState, job_state
 from llmtrain.jobs.status import facts
 
@@ -55,7 +55,7 @@ class JobWatch:
 def run_follow(args) -> int:
     from llmtrain.launch.supervision.monitor import Monitor
 
-    run_dir, cfg = rundir.load(args.run_dir)
+    run_dir, cfg = named_run_dir.load(args.run_dir)
     console = get_console()
     job = job_state(run_dir)
     if job.state == UNKNOWN:

@@ -10,14 +10,14 @@ and `llmtrain cancel --now` make it 130).
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 
-from llmtrain.jobs.record import read_launches
+from llmtrain.rundir.job_record import read_launches
 from llmtrain.jobs.slurm_query import SlurmJob, query
 from llmtrain.launch.supervision.failures import errored_ranks, rank_statuses
 from llmtrain.launch.supervision.placement import describe_rank
-from llmtrain.launch.run_lock import LOCK_NAME, holder_gone
+from llmtrain.launch.run_lock import holder_gone
+from llmtrain.rundir.paths import RunPaths
 
 RUNNING, PENDING, UNKNOWN = "running", "pending", "unknown"
 FINISHED, FAILED, INTERRUPTED, PREEMPTED = "finished", "failed", "interrupted", "preempted"
@@ -47,7 +47,7 @@ class JobState:
 def read_holder(run_dir: str) -> dict:
     """RUN_DIR/.lock's holder; {} when the lock is free. An unreadable lock names a holder that is gone."""
     try:
-        with open(os.path.join(run_dir, LOCK_NAME)) as f:
+        with open(RunPaths(run_dir).lock) as f:
             holder = json.load(f)
     except FileNotFoundError:
         return {}

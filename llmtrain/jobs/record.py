@@ -9,40 +9,18 @@ and atomically, by whoever holds RUN_DIR/.lock: the launcher, or the Slurm job i
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import socket
 import sys
 import time
 
-RECORD_NAME = "job.json"
-
-
-def record_path(run_dir: str) -> str:
-    return os.path.join(run_dir, RECORD_NAME)
-
-
-def read_launches(run_dir: str) -> list[dict]:
-    """Every launch recorded in run_dir, oldest first; [] when there is no (readable) record."""
-    try:
-        with open(record_path(run_dir)) as f:
-            launches = json.load(f).get("launches", [])
-    except (OSError, ValueError, AttributeError):
-        return []
-    return [entry for entry in launches if isinstance(entry, dict)]
+from llmtrain.rundir.job_record import read_launches, write_launches
 
 
 def _write(run_dir: str, launches: list[dict]) -> None:
-    """Atomically; a failed write (a full disk) leaves the record as it was and must not stop the launch."""
-    path = record_path(run_dir)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    try:
-        with open(tmp, "w") as f:
-            json.dump({"launches": launches}, f, indent=1)
-        os.replace(tmp, path)
-    except OSError:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
+    """A failed write (a full disk) leaves the record as it was and must not stop the launch."""
+    with contextlib.suppress(OSError):
+        write_launches(run_dir, launches)
 
 
 def launch_overrides(argv: list[str]) -> list[str]:

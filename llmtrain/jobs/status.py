@@ -13,18 +13,19 @@ import shlex
 
 from llmtrain.checkpoint import store
 from llmtrain.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED
-from llmtrain.jobs import rundir
-from llmtrain.jobs.record import read_launches
+from llmtrain.jobs import named_run_dir
+from llmtrain.rundir.job_record import read_launches
 from llmtrain.jobs.job_state import LAUNCHER_OWNED, PENDING, JobState, job_state
 from llmtrain.rundir.metrics_file import read_metrics
 from llmtrain.rundir.node_ledger import read_ledger
+from llmtrain.rundir.paths import RunPaths
 
 TAIL_BYTES = 1 << 16  # the last train row is near the end of metrics.jsonl: read only this much first
 
 
 def last_train_row(run_dir: str) -> dict:
     """The last metrics row of a train step ({} when none): from the file's tail, the whole file if need be."""
-    path = os.path.join(run_dir, "metrics.jsonl")
+    path = RunPaths(run_dir).metrics
     try:
         size = os.path.getsize(path)
         with open(path, "rb") as f:
@@ -143,7 +144,7 @@ def lines(f: dict) -> list[str]:
 
 
 def run_status(args) -> int:
-    run_dir, cfg = rundir.load(args.run_dir)
+    run_dir, cfg = named_run_dir.load(args.run_dir)
     f = facts(run_dir, cfg)
     if args.json:
         print(json.dumps(f))

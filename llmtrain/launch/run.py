@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import signal
@@ -27,6 +26,9 @@ from llmtrain.launch.supervision.monitor import Monitor, RendezvousTimeout
 from llmtrain.launch.run_lock import RunDirLock
 from llmtrain.parallel.layout import ParallelDims
 from llmtrain.train.trackers.stores import check_tracker_stores
+from llmtrain.rundir import rank_files
+from llmtrain.rundir.atomic import atomic_write_text
+from llmtrain.rundir.paths import RunPaths
 
 
 class PreemptRequest(BaseException):
@@ -85,19 +87,11 @@ def prepare_run_dir(cfg: DictConfig) -> str:
     """Create run.dir with config.yaml (written atomically) and a fresh logs/ status."""
     run_dir = os.path.abspath(cfg.run.dir)
     cfg.run.dir = run_dir
-    os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
-    for name in os.listdir(os.path.join(run_dir, "logs")):
-        if name.endswith(".status"):
-            os.remove(os.path.join(run_dir, "logs", name))
-    tmp = os.path.join(run_dir, "config.yaml.tmp")
-    try:
-        with open(tmp, "w") as f:
-            f.write(to_yaml(cfg))
-        os.replace(tmp, os.path.join(run_dir, "config.yaml"))
-    except OSError:  # a full disk: the run's config.yaml stays as it was, and no half-written copy is left
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        raise
+    paths = RunPaths(run_dir)
+    os.makedirs(paths.logs, exist_ok=True)
+    rank_files.remove_statuses(run_dir)
+    # A full disk leaves the run's config.yaml as it was, and no half-written copy.
+    atomic_write_text(paths.config, to_yaml(cfg))
     return run_dir
 
 
@@ -231,7 +225,7 @@ def _start_and_follow(cfg: DictConfig, backend, console) -> int:
     # A backend that can return before its job ends (a Slurm submission) says whether the job did.
     if code == 0 and getattr(backend, "finished_job", True):
         short = stopped_short(rank_statuses(run_dir))
-        say(f"{short or 'job finished'}; metrics in {os.path.join(run_dir, 'metrics.jsonl')}", console=console)
+        say(f"{short or 'job finished'}; metrics in {RunPaths(run_dir).metrics}", console=console)
     return code
 
 

@@ -19,11 +19,7 @@ from llmtrain.checkpoint import store
 from llmtrain.checkpoint.diff import config_diff, shape_keys
 from llmtrain.config.errors import ConfigError
 from llmtrain.data.identity import data_changes
-
-PREVIOUS = "previous"
-# What a run leaves in its directory besides checkpoints; moved aside with them.
-RUN_FILES = ("config.yaml", "metrics.jsonl", "logs", "tensorboard", "report", "profile", "slurm", "trackers.json",
-             "wandb", "mlflow.db")
+from llmtrain.rundir.paths import METRICS, RUN_FILES, RunPaths
 
 
 def conflict(cfg: DictConfig, run_dir: str, resume_path: str | None, old_cfg: DictConfig | None) -> tuple[str, list]:
@@ -68,13 +64,14 @@ def refuse_or_move_aside(cfg: DictConfig, run_dir: str, why: str, checkpoints: l
     where. Only the given checkpoints move (a rollback keeps the one it resumes); the run's files move whole."""
     if not cfg.run.overwrite:
         raise ConfigError("run.dir", f"{why}; use another run.dir, or run.overwrite=true to move the earlier run "
-                                     f"aside into {os.path.join(run_dir, PREVIOUS)}/ (nothing is deleted)")
-    dest = os.path.join(run_dir, PREVIOUS, time.strftime("%Y%m%d-%H%M%S"))
+                                     f"aside into {RunPaths(run_dir).previous}/ (nothing is deleted)")
+    dest = os.path.join(RunPaths(run_dir).previous, time.strftime("%Y%m%d-%H%M%S"))
     while os.path.exists(dest):
         dest += "+"
-    os.makedirs(os.path.join(dest, "checkpoints"))
+    aside = RunPaths(dest)
+    os.makedirs(aside.checkpoints)
     for path in checkpoints:
-        os.rename(path, os.path.join(dest, "checkpoints", os.path.basename(path)))
+        os.rename(path, os.path.join(aside.checkpoints, os.path.basename(path)))
     everything = not store.list_checkpoints(run_dir)
     for name in RUN_FILES:
         src = os.path.join(run_dir, name)
@@ -82,6 +79,6 @@ def refuse_or_move_aside(cfg: DictConfig, run_dir: str, why: str, checkpoints: l
             continue
         if everything:
             os.rename(src, os.path.join(dest, name))
-        elif name == "metrics.jsonl":
+        elif name == METRICS:
             shutil.copy2(src, os.path.join(dest, name))  # a rollback keeps its history up to the step it resumes
     return f"run.overwrite=true: moved the earlier run ({len(checkpoints)} checkpoint(s)) to {dest}"

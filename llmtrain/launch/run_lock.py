@@ -21,8 +21,8 @@ from llmtrain.config.errors import ConfigError
 from llmtrain.launch.supervision import processes
 from llmtrain.slurm import client
 from llmtrain.slurm.job_states import ENDED_STATES
-
-LOCK_NAME = ".lock"
+from llmtrain.rundir.atomic import atomic_write_json
+from llmtrain.rundir.paths import RunPaths
 
 
 def _process_started(pid: int) -> float | None:
@@ -60,7 +60,7 @@ def holder_gone(holder: dict) -> str | None:
 class RunDirLock:
     def __init__(self, run_dir: str):
         self.run_dir = run_dir
-        self.path = os.path.join(run_dir, LOCK_NAME)
+        self.path = RunPaths(run_dir).lock
         self.token = uuid.uuid4().hex
         self.held = False
 
@@ -117,10 +117,7 @@ class RunDirLock:
         self._write(self._record(job=str(job_id)))
 
     def _write(self, record: dict) -> None:
-        tmp = f"{self.path}.{self.token}"
-        with open(tmp, "w") as f:
-            json.dump(record, f)
-        os.replace(tmp, self.path)
+        atomic_write_json(self.path, record)
 
     def hand_to_job(self, job_id: str) -> None:
         """The Slurm job holds the run directory after this launcher exits."""

@@ -17,6 +17,8 @@ from llmtrain.console import fold_table, get_console, plain
 from llmtrain.report.plotting import NO_PLOTS, PLOT_EXTRA, pyplot
 from llmtrain.report.run_report import fmt_loss, fmt_mfu, fmt_tokens_per_s
 from llmtrain.rundir.metrics_file import read_metrics
+from llmtrain.rundir.atomic import atomic_path
+from llmtrain.rundir.paths import RunPaths
 
 PLOT_NAME = "compare.png"
 # Keys that differ between any two runs without making them different experiments.
@@ -118,14 +120,14 @@ def load_runs(dirs: list[str]) -> tuple[list[Run], list[str] | None]:
 
 def _load_run(run_dir: str, params: dict, required: bool) -> Run:
     """A run directory's metrics and config; a run of a sweep that has not started yet has neither."""
-    metrics = os.path.join(run_dir, "metrics.jsonl")
+    metrics = RunPaths(run_dir).metrics
     if required and not os.path.isfile(metrics):
         raise ConfigError(run_dir, "not a run directory (no metrics.jsonl) nor a sweep directory (no sweep.yaml)")
     cfg = None
-    if os.path.isfile(os.path.join(run_dir, "config.yaml")):
+    if os.path.isfile(RunPaths(run_dir).config):
         from llmtrain.config import load_run_config
 
-        cfg = load_run_config(os.path.join(run_dir, "config.yaml"))
+        cfg = load_run_config(RunPaths(run_dir).config)
     return Run(run_dir, read_metrics(metrics) if os.path.isfile(metrics) else [], cfg,
                {str(k): str(v) for k, v in params.items()})
 
@@ -254,10 +256,9 @@ def plot(plt, runs: list[Run], path: str) -> None:
     (below if pair else ax).set_xlabel("step")
     ax.xaxis.get_major_locator().set_params(integer=True)  # steps: no 1.25
     fig.tight_layout()
-    tmp = f"{path}.tmp.{os.getpid()}.png"
     try:
-        fig.savefig(tmp, dpi=100)
-        os.replace(tmp, path)
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=100, format="png")
     except OSError as e:
         raise ConfigError("--plot", f"cannot write {path}: {e.strerror or e}") from None
     finally:

@@ -12,6 +12,8 @@ from llmtrain.console import fold_table, get_console, plain
 from llmtrain.report.plotting import NO_PLOTS, PLOT_EXTRA, pyplot
 from llmtrain.report.source_table import plot_source_val_loss, source_rows, val_loss_step
 from llmtrain.rundir.metrics_file import read_metrics
+from llmtrain.rundir.atomic import atomic_path
+from llmtrain.rundir.paths import RunPaths
 
 
 def add_report_arguments(parser: argparse.ArgumentParser) -> None:
@@ -133,12 +135,11 @@ def summarize(run_dir: str, rows: list[dict], cfg=None) -> list[tuple[str, str]]
 
 def _save(plt, fig, path: str) -> None:
     fig.tight_layout()
-    tmp = f"{path}.tmp.{os.getpid()}.png"
     try:
-        fig.savefig(tmp, dpi=100)
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=100, format="png")
     finally:
         plt.close(fig)
-    os.replace(tmp, path)
 
 
 def _no_data(ax, what: str) -> None:
@@ -229,17 +230,17 @@ def export_tensorboard(rows: list[dict], log_dir: str, metrics_path: str) -> tup
 
 def run_report(args) -> int:
     run_dir = args.run_dir
-    metrics_path = os.path.join(run_dir, "metrics.jsonl")
+    metrics_path = RunPaths(run_dir).metrics
     if not os.path.isfile(metrics_path):
         raise ConfigError(run_dir, "not a run directory: no metrics.jsonl")
     rows = read_metrics(metrics_path)
     cfg = None
-    config_path = os.path.join(run_dir, "config.yaml")
+    config_path = RunPaths(run_dir).config
     if os.path.isfile(config_path):
         from llmtrain.config.compose import load_run_config
 
         cfg = load_run_config(config_path)
-    out_dir = getattr(args, "out", None) or os.path.join(run_dir, "report")
+    out_dir = getattr(args, "out", None) or RunPaths(run_dir).report
 
     summary = summarize(run_dir, rows, cfg)
     title = summary[0][1]

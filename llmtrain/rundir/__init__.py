@@ -1,1 +1,3 @@
-"""A run directory's files and their formats, read and written through one place."""
+"""A run directory's on-disk contract, read and written through one place: every path of its layout (paths), files
+replaced whole (atomic), the ranks' status and place files (rank_files), job.json (job_record) and metrics.jsonl
+(metrics_file). It imports only the ground floor, so every layer above can ask it."""

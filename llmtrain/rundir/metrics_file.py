@@ -13,6 +13,7 @@ import math
 import os
 import sys
 from collections.abc import Iterator
+from llmtrain.rundir.atomic import atomic_writer
 
 
 def encode_row(row: dict) -> tuple[dict, bytes]:
@@ -89,12 +90,10 @@ def _step(row: dict) -> int:
 
 
 def _rewrite_until(path: str, step: int) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "wb") as f:
+    with atomic_writer(path, "wb") as f:
         for _, _, raw, row in _lines(path):
             if not _unfinished(raw, row) and (row is None or _step(row) <= step):
                 f.write(raw)
-    os.replace(tmp, path)
 
 
 def read_metrics(path: str) -> list[dict]:

@@ -22,13 +22,15 @@ import os
 import time
 from collections.abc import Callable, Iterator
 
-NODES_FILE = "nodes.json"
+from llmtrain.rundir.atomic import atomic_write_text
+from llmtrain.rundir.paths import RunPaths
+
 KINDS = ("failure", "startup", "hang", "straggler")
 EVENTS_KEPT = 5  # per host: enough to tell a pattern, small enough to read
 
 
 def ledger_path(run_dir: str) -> str:
-    return os.path.join(run_dir, NODES_FILE)
+    return RunPaths(run_dir).nodes
 
 
 def empty_ledger() -> dict:
@@ -65,11 +67,7 @@ def update_ledger(run_dir: str, change: Callable[[dict], None]) -> dict:
     with _locked(run_dir):
         ledger = read_ledger(run_dir)
         change(ledger)
-        tmp = f"{ledger_path(run_dir)}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(ledger, f, indent=1, sort_keys=True)
-            f.write("\n")
-        os.replace(tmp, ledger_path(run_dir))
+        atomic_write_text(ledger_path(run_dir), json.dumps(ledger, indent=1, sort_keys=True) + "\n")
     return ledger
 
 

@@ -4,7 +4,6 @@ already listed (a run is never dropped from it). `llmtrain compare SWEEP_DIR` re
 
 from __future__ import annotations
 
-import contextlib
 import os
 from typing import TYPE_CHECKING
 
@@ -12,6 +11,7 @@ from omegaconf import OmegaConf
 
 from llmtrain.config.errors import ConfigError
 from llmtrain.sweep import SWEEP_FILE
+from llmtrain.rundir.atomic import atomic_write_text
 
 if TYPE_CHECKING:  # plan.py reads sweep.yaml (through identity.py) before it plans
     from llmtrain.sweep.plan import SweepPlan
@@ -45,15 +45,10 @@ def write(plan: SweepPlan) -> str:
     """Create the sweep directory and write sweep.yaml; ConfigError when it cannot be written (nothing is left
     half-written)."""
     path = sweep_file(plan.dir)
-    tmp = f"{path}.{os.getpid()}.tmp"
     try:
         os.makedirs(plan.dir, exist_ok=True)
-        with open(tmp, "w") as f:
-            f.write(OmegaConf.to_yaml(content(plan)))
-        os.replace(tmp, path)
+        atomic_write_text(path, OmegaConf.to_yaml(content(plan)))
     except OSError as e:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
         raise ConfigError("run.dir", f"cannot write the sweep directory {plan.dir}: {e.strerror or e}") from None
     return path
 

@@ -8,6 +8,7 @@ import os
 from omegaconf import DictConfig
 
 from llmtrain.config.errors import ConfigError
+from llmtrain.rundir.paths import RunPaths
 
 
 def skip_reason(cfg: DictConfig) -> tuple[str, str] | None:
@@ -19,7 +20,7 @@ def skip_reason(cfg: DictConfig) -> tuple[str, str] | None:
     from llmtrain.jobs.status import last_train_row
 
     run_dir = cfg.run.dir
-    if not os.path.isfile(os.path.join(run_dir, "config.yaml")):
+    if not os.path.isfile(RunPaths(run_dir).config):
         return None
     job = job_state(run_dir)
     if job.live:
@@ -27,7 +28,7 @@ def skip_reason(cfg: DictConfig) -> tuple[str, str] | None:
     if job.state != FINISHED:
         return None
     try:
-        saved = load_run_config(os.path.join(run_dir, "config.yaml"))
+        saved = load_run_config(RunPaths(run_dir).config)
     except ConfigError:
         return None  # launching says what is wrong with it
     if config_diff(saved, cfg):

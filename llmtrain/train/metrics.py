@@ -11,6 +11,7 @@ import os
 from llmtrain.rundir.metrics_file import encode_row, keep_rows_until
 
 from llmtrain.train.trackers.base import scalars
+from llmtrain.rundir.atomic import atomic_write_bytes
 
 
 class MetricsWriter:
@@ -55,10 +56,7 @@ class MetricsWriter:
         except FileNotFoundError:
             os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
             held = os.pread(self.file.fileno(), os.fstat(self.file.fileno()).st_size, 0)
-            tmp = f"{self.path}.tmp"
-            with open(tmp, "wb") as f:
-                f.write(held)
-            os.replace(tmp, self.path)
+            atomic_write_bytes(self.path, held)
             rows = held.count(b"\n")
             what = f"was deleted during the run; recreated it with the {rows} row(s) written so far"
         self.file.close()

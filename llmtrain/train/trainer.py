@@ -36,6 +36,7 @@ from llmtrain.train.step_log import StepLog
 from llmtrain.train.step_profiler import StepProfiler
 from llmtrain.train.trackers.fanout import open_trackers
 from llmtrain.train.optim import build_optimizer, lr_at, resolve_fused, set_lr
+from llmtrain.rundir.paths import RunPaths
 
 
 def plain(t: torch.Tensor) -> torch.Tensor:
@@ -88,7 +89,7 @@ class Trainer:
                                         enabled=p.name == "fp16")
         self.feed = DataFeed(cfg, device, self.dp_rank, self.dims.dp)
         self.accum = Derived.of(cfg).micro_batches
-        self.profiler = StepProfiler(cfg.profile.steps, os.path.join(run_dir, "profile"), self.rank, device)
+        self.profiler = StepProfiler(cfg.profile.steps, RunPaths(run_dir).profile, self.rank, device)
         self.step = 0
         self.samples_seen = 0
         self.tokens_seen = 0
@@ -106,10 +107,10 @@ class Trainer:
         self.fault = gradient_fault(self.rank)
         self.ckpt = CheckpointManager(cfg, run_dir, self.log)
         self.resume()
-        metrics_path = os.path.join(run_dir, "metrics.jsonl") if is_logger else None
+        metrics_path = RunPaths(run_dir).metrics if is_logger else None
         # Rows past the resumed step came from an attempt that did not reach a checkpoint: they are replaced.
         self.metrics = MetricsWriter(metrics_path, keep_until_step=self.step,
-                                     tensorboard_dir=os.path.join(run_dir, "tensorboard")
+                                     tensorboard_dir=RunPaths(run_dir).tensorboard
                                      if is_logger and cfg.logging.tensorboard else None,
                                      trackers=open_trackers(cfg, run_dir, resumed=self.step > 0)
                                      if is_logger else None)

@@ -16,6 +16,7 @@ from llmtrain.launch.backends.base import Backend, NodeCommand, free_port, node_
 from llmtrain.launch.supervision.failures import report_failure
 from llmtrain.launch.node.env import wrap_for_gloo
 from llmtrain.launch.preflight import check_local_node
+from llmtrain.rundir.paths import RunPaths
 
 
 class LocalBackend(Backend):
@@ -58,9 +59,9 @@ class LocalBackend(Backend):
 
     def run(self, monitor) -> int:
         cmd = self.node_commands()[0]
-        env = dict(cmd.env, TMPDIR=os.path.join(self.run_dir, "tmp"))
+        env = dict(cmd.env, TMPDIR=RunPaths(self.run_dir).tmp)
         os.makedirs(env["TMPDIR"], exist_ok=True)
-        log = os.path.join(self.run_dir, "logs", f"node{cmd.node_rank}.log")
+        log = RunPaths(self.run_dir).node_log(cmd.node_rank)
         self.proc = processes.start(cmd.argv, env, log, on_line=self.output.append, stdin_pipe=True)
         code = self.follow(monitor)
         if code != 0:

@@ -3,9 +3,8 @@ the batch shell's handling of a preemption notice. slurm.py renders the rest of 
 
 from __future__ import annotations
 
-import os
-
 from llmtrain.config.errors import ConfigError
+from llmtrain.rundir.paths import RunPaths
 
 # A USR1 to the batch shell (`--signal=B:USR1@N` in cluster.sbatch_extra, `scancel --batch --signal=USR1`) is a
 # preemption notice: passed on to the job's steps, as the time-limit notice is (slurm_notice.py), and remembered
@@ -43,4 +42,4 @@ def sbatch_quoted(value: str, key: str) -> str:
 def output_path(run_dir: str) -> str:
     """The job's log, RUN_DIR/logs/slurm-JOBID.out, for --output: `%` in run.dir doubled (sbatch reads `%j`-style
     patterns there)."""
-    return sbatch_quoted(os.path.join(run_dir.replace("%", "%%"), "logs", "slurm-%j.out"), "run.dir")
+    return sbatch_quoted(RunPaths(run_dir.replace("%", "%%")).slurm_output("%j"), "run.dir")

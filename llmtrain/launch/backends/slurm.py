@@ -38,6 +38,8 @@ from llmtrain.launch.backends.slurm_refusals import (NEVER_STARTS, NODE_COUNT_RE
                                                      refusal_key)
 from llmtrain.slurm import client
 from llmtrain.slurm.job_states import ENDED_STATES, FINAL_STATES, NOT_STARTED_STATES, exit_code
+from llmtrain.rundir.atomic import atomic_write_text
+from llmtrain.rundir.paths import STATUS_SUFFIX, RunPaths
 
 SLURM_TIMEOUT_S = 20
 SBATCH_TIMEOUT_S = 60
@@ -103,7 +105,7 @@ class SlurmBackend(Backend):
                   'echo "llmtrain: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, rendezvous ${head}:${port} '
                   '(restart ${SLURM_RESTART_COUNT:-0})"',
                   # Rank statuses tell how this start of the job ended: a requeued job's earlier ones go.
-                  f"rm -f {shlex.quote(os.path.join(self.run_dir, 'logs'))}/rank*.status",
+                  f"rm -f {shlex.quote(RunPaths(self.run_dir).logs)}/rank*{STATUS_SUFFIX}",
                   # Every rank's log in one file with [node/rank] prefixes, while srun runs (combined_log.py).
                   f"{python} -m llmtrain.launch.supervision.combined_log {run_dir} & merger=$!",
                   # The time-limit notice, from the job itself (slurm_notice.py).
@@ -231,7 +233,7 @@ class SlurmBackend(Backend):
                 f"{why}\n{self.script()}")
 
     def script_path(self) -> str:
-        return os.path.join(self.run_dir, "slurm", "job.sbatch")
+        return RunPaths(self.run_dir).sbatch_script
 
     def node_commands(self) -> list[NodeCommand]:
         return [NodeCommand(host="sbatch", node_rank=0, argv=["sbatch", "--parsable", self.script_path()])]
@@ -240,10 +242,7 @@ class SlurmBackend(Backend):
     def submit(self) -> str:
         path = self.script_path()
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = path + ".tmp"
-        with open(tmp, "w") as f:
-            f.write(self.script())
-        os.replace(tmp, path)
+        atomic_write_text(path, self.script())
         try:
             out = client.submit(path, SBATCH_TIMEOUT_S)
         except FileNotFoundError:
@@ -289,7 +288,7 @@ class SlurmBackend(Backend):
             f"{self.rendezvous_port()}", console=self.console)
         if not self.cfg.cluster.follow:
             say(f"follow it: squeue -j {job}, or llmtrain follow {self.run_dir} (logs in "
-                f"{os.path.join(self.run_dir, 'logs')})", console=self.console)
+                f"{RunPaths(self.run_dir).logs})", console=self.console)
             say(f"cancel it: scancel {job}, or llmtrain cancel {self.run_dir}", console=self.console)
             return 0
         try:
@@ -309,7 +308,7 @@ class SlurmBackend(Backend):
 
     def job_output(self) -> str:
         try:
-            with open(os.path.join(self.run_dir, "logs", f"slurm-{self.job_id}.out"), errors="replace") as f:
+            with open(RunPaths(self.run_dir).slurm_output(self.job_id), errors="replace") as f:
                 return f.read()
         except FileNotFoundError:
             return ""

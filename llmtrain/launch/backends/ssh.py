@@ -42,6 +42,7 @@ from llmtrain.launch.node.agent import HEARTBEAT_ENV
 from llmtrain.launch.node.env import wrap_for_gloo
 from llmtrain.launch.node.setup import setup_statements
 from llmtrain.launch.supervision.placement import node_label
+from llmtrain.rundir.paths import RunPaths
 
 # Below Linux's ephemeral range (32768-60999), where outgoing connections take their ports.
 RANDOM_PORTS = (20000, 32767)
@@ -153,7 +154,7 @@ class SSHBackend(Backend):
         started = time.time()
         for cmd in self.node_commands():
             output: list[str] = []
-            log = os.path.join(self.run_dir, "logs", f"node{cmd.node_rank}.log")
+            log = RunPaths(self.run_dir).node_log(cmd.node_rank)
             self.procs.append(processes.start(self.ssh_argv(cmd), {}, log, on_line=output.append, stdin_pipe=True))
             self.outputs.append(output)
         threading.Thread(target=self._heartbeat, daemon=True).start()
@@ -207,7 +208,7 @@ class SSHBackend(Backend):
         node = culprit_node(self.run_dir, outputs, codes, self.failure_order)
         record_launch_failure(self.run_dir, outputs[node], codes[node] or code, self.hosts[node].name)
         where = node_label(node, self.hosts[node].name)
-        log = os.path.join(self.run_dir, "logs", f"node{node}.log")
+        log = RunPaths(self.run_dir).node_log(node)
         if codes[node] == SSH_ERROR and not agent_failures(outputs[node]):
             # The connection or the agent went, not a rank: the ranks' errors are its consequences.
             console.print(f"[bold red]llmtrain: {where} {escape(self._lost_why(node))}[/]" + escape(

@@ -23,6 +23,7 @@ import threading
 import time
 
 from llmtrain.launch.supervision.placement import NODE_INDEX_ENV
+from llmtrain.rundir.paths import RunPaths
 
 HEARTBEAT_ENV = "LLMTRAIN_AGENT_HEARTBEAT_S"
 HEARTBEAT_MISSES = 6
@@ -34,7 +35,7 @@ RECORDED_PREFIXES = ("NCCL_", "GLOO_", "CUDA_", "TORCH_", "OMP_", "MASTER_", "SL
 
 
 def record_env(run_dir: str, node_rank: int) -> None:
-    path = os.path.join(run_dir, "logs", f"node{node_rank}.env")
+    path = RunPaths(run_dir).node_env(node_rank)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     lines = [f"{k}={v}\n" for k, v in sorted(os.environ.items()) if k.startswith(RECORDED_PREFIXES)]
     lines.insert(0, f"# node {node_rank} host {os.uname().nodename}\n")

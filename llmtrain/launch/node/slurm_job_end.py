@@ -25,6 +25,7 @@ import time
 from llmtrain.console import say
 from llmtrain.launch.node import slurm_requeue
 from llmtrain.launch.supervision.failures import rank_statuses
+from llmtrain.rundir.paths import RunPaths
 from llmtrain.slurm import client
 
 EXIT_UNFINISHED = 3
@@ -46,7 +47,7 @@ def seconds_left(job_id: str) -> float | None:
 
 def job_output(run_dir: str, job_id: str) -> str:
     try:
-        with open(os.path.join(run_dir, "logs", f"slurm-{job_id}.out"), errors="replace") as f:
+        with open(RunPaths(run_dir).slurm_output(job_id), errors="replace") as f:
             return f.read()
     except OSError:
         return ""

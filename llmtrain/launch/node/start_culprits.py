@@ -15,7 +15,8 @@ import re
 from dataclasses import dataclass
 
 from llmtrain.launch.supervision.failures import agent_failures, failed_ranks, rank_statuses
-from llmtrain.launch.supervision.placement import place_path, read_places
+from llmtrain.launch.supervision.placement import read_places
+from llmtrain.rundir.paths import RunPaths
 
 # The batch script's line at each start (slurm.py); the job's log is appended to by every start.
 _START = re.compile(r"^llmtrain: job \d+ on \S+, rendezvous \S+ \(restart \d+\)$", re.MULTILINE)
@@ -44,7 +45,7 @@ def _placed_since(run_dir: str, since: float) -> dict[int, dict]:
     out = {}
     for rank, place in read_places(run_dir).items():
         try:
-            if os.path.getmtime(place_path(run_dir, rank)) >= since:
+            if os.path.getmtime(RunPaths(run_dir).rank_place(rank)) >= since:
                 out[rank] = place
         except OSError:
             continue

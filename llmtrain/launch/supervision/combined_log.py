@@ -17,17 +17,17 @@ import sys
 import threading
 import time
 
-from llmtrain.jobs.record import read_launches
+from llmtrain.rundir.job_record import read_launches
 from llmtrain.launch.supervision.line_follower import LineFollower
 from llmtrain.launch.supervision.placement import read_places
+from llmtrain.rundir.paths import RunPaths
 
-COMBINED_NAME = "combined.log"
 POLL_S = 1.0
 _RANK_LOG = re.compile(r"rank(\d+)\.log$")
 
 
 def combined_path(run_dir: str) -> str:
-    return os.path.join(run_dir, "logs", COMBINED_NAME)
+    return RunPaths(run_dir).combined_log
 
 
 def launch_header(run_dir: str) -> str:
@@ -42,7 +42,7 @@ def launch_header(run_dir: str) -> str:
 class CombinedLog:
     def __init__(self, run_dir: str, header: str | None = None):
         self.run_dir = run_dir
-        self.logs = os.path.join(run_dir, "logs")
+        self.logs = RunPaths(run_dir).logs
         os.makedirs(self.logs, exist_ok=True)
         # Rank logs are appended to by every launch: only what this launch adds is new.
         self.followers = {path: LineFollower(path, from_end=True) for path in self._rank_logs()}
@@ -51,7 +51,7 @@ class CombinedLog:
         self._write([f"===== {header or launch_header(run_dir)}, {stamp} ====="])
 
     def _rank_logs(self) -> list[str]:
-        return glob.glob(os.path.join(self.logs, "rank*.log"))
+        return glob.glob(RunPaths(self.run_dir).rank_log("*"))
 
     def _node(self, rank: int) -> str:
         if rank not in self.nodes:

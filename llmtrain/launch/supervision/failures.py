@@ -17,7 +17,9 @@ from rich.console import Console
 from rich.markup import escape
 
 from llmtrain.console import plain
-from llmtrain.launch.supervision.placement import describe_rank, read_places, read_rank_files
+from llmtrain.launch.supervision.placement import describe_rank, read_places
+from llmtrain.rundir import rank_files
+from llmtrain.rundir.paths import RunPaths
 
 # One entry of torchrun's "Failures:" / "Root Cause" summary (time, host and local_rank are optional).
 _FAILURE = re.compile(r"(?:time\s*:\s*(\S+)\s*\n\s*)?(?:host\s*:\s*(\S+)\s*\n\s*)?"
@@ -52,19 +54,15 @@ def agent_failures(agent_output: str) -> dict[int, RankFailure]:
 
 def rank_statuses(run_dir: str) -> dict[int, dict]:
     """rank -> how it ended (RUN_DIR/logs/rank{R}.status, written by the worker)."""
-    return read_rank_files(run_dir, ".status")
+    return rank_files.read_statuses(run_dir)
 
 
 def finished_ranks(run_dir: str, since: float) -> set[int]:
     """Ranks whose status says "ok", written at or after `since` (a time.time()): finished in this launch."""
-    logs = os.path.join(run_dir, "logs")
     out = set()
     for rank, status in rank_statuses(run_dir).items():
-        try:
-            fresh = os.path.getmtime(os.path.join(logs, f"rank{rank}.status")) >= since
-        except OSError:
-            continue
-        if fresh and status.get("status") == "ok":
+        written = rank_files.status_written_at(run_dir, rank)
+        if written is not None and written >= since and status.get("status") == "ok":
             out.add(rank)
     return out
 
@@ -171,7 +169,7 @@ def _no_culprit(console: Console, run_dir: str, agent_output: str, exit_code: in
     errors = sorted({_first_line(s.get("error")) for s in statuses.values() if s.get("error")} - {""})
     said = errors[0] if len(errors) == 1 else _agent_error(agent_output)
     why = f": {said}" if said else " (no rank reported an error"
-    end = f"; see {os.path.join(run_dir, 'logs')}" + ("" if said else ")")
+    end = f"; see {RunPaths(run_dir).logs}" + ("" if said else ")")
     console.print(f"[bold red]llmtrain: the job failed with exit code {exit_code}[/]{escape(why + end)}",
                   highlight=False)
 
@@ -195,7 +193,7 @@ def report_failure(console: Console, run_dir: str, agent_output: str, exit_code:
         how = f"signal {-failure.code}" if failure.code < 0 else f"exit code {failure.code}"
     who = describe_rank(run_dir, rank, host=(failure.host if failure else None) or status.get("host") or host,
                         local_rank=failure.local_rank if failure else None, node=node)
-    log = os.path.join(run_dir, "logs", f"rank{rank}.log")
+    log = RunPaths(run_dir).rank_log(rank)
     peer = _hung_for(rank, failure, failures, statuses)
     if peer is not None:
         said = escape(f": rank {peer} timed out waiting for it in a collective "
@@ -213,14 +211,15 @@ def report_failure(console: Console, run_dir: str, agent_output: str, exit_code:
 def _stand_ins(run_dir: str, rank: int, first: int, node: int | None) -> list[tuple[str, str]]:
     """(what, path) of the logs to show when `rank`'s own is empty (a rank killed outright, or one other than 0,
     which log little): rank `first`'s, then its node agent's (torchrun's account of the death)."""
-    logs = os.path.join(run_dir, "logs")
-    out = [(f"rank {first}'s log", os.path.join(logs, f"rank{first}.log"))] if first != rank else []
+    paths = RunPaths(run_dir)
+    logs = paths.logs
+    out = [(f"rank {first}'s log", paths.rank_log(first))] if first != rank else []
     placed = read_places(run_dir).get(rank, {}).get("node")
     node = node if placed is None else placed
-    agents = [f"node{node}.log"] if node is not None else \
-        sorted(n for n in _names(logs) if re.fullmatch(r"node\d+\.log", n))
+    agents = [paths.node_log(node)] if node is not None else \
+        sorted(os.path.join(logs, n) for n in _names(logs) if re.fullmatch(r"node\d+\.log", n))
     if len(agents) == 1:
-        out.append(("its node agent's log", os.path.join(logs, agents[0])))
+        out.append(("its node agent's log", agents[0]))
     return out
 
 

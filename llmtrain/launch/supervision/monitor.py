@@ -9,7 +9,6 @@ waits after a while and gives up after launch.rendezvous_timeout_s.
 from __future__ import annotations
 
 import json
-import os
 import time
 from typing import Callable
 
@@ -22,6 +21,7 @@ from llmtrain.launch.supervision import processes
 from llmtrain.launch.supervision.combined_log import CombinedLog
 from llmtrain.launch.supervision.line_follower import LineFollower
 from llmtrain.launch.supervision.restarts import RestartNotices
+from llmtrain.rundir.paths import RunPaths
 
 # Seconds without a worker before the launcher says it is still waiting for the rendezvous.
 RENDEZVOUS_NOTICE_S = 30.0
@@ -93,8 +93,8 @@ class Monitor:
         owns; a Slurm job's batch script writes its own)."""
         self.run_dir = run_dir
         self.console = console or get_console()
-        self.log = LineFollower(os.path.join(run_dir, "logs", f"rank{stream_rank}.log"), from_end=True)
-        self.metrics = LineFollower(os.path.join(run_dir, "metrics.jsonl"))
+        self.log = LineFollower(RunPaths(run_dir).rank_log(stream_rank), from_end=True)
+        self.metrics = LineFollower(RunPaths(run_dir).metrics)
         self.restarts = RestartNotices(run_dir, nnodes, max_restarts, nproc_per_node)
         self.progress = Progress(
             TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),

@@ -8,9 +8,10 @@ torchrun's own group rank is not used: its c10d rendezvous numbers nodes in the 
 
 from __future__ import annotations
 
-import json
 import os
 import socket
+
+from llmtrain.rundir import rank_files
 
 NODE_INDEX_ENV = "LLMTRAIN_NODE_INDEX"
 
@@ -30,45 +31,18 @@ def node_label(node: int, host: str | None = None) -> str:
     return f"node {node} (host {host})" if host else f"node {node}"
 
 
-def place_path(run_dir: str, rank: int) -> str:
-    return os.path.join(run_dir, "logs", f"rank{rank}.place")
-
-
 def record_place(run_dir: str, rank: int) -> dict:
     """Called by each worker as it starts (before anything can fail): its node, host, local rank and restart."""
     place = {"rank": rank, "node": _int(os.environ.get(NODE_INDEX_ENV)), "host": socket.gethostname(),
              "local_rank": _int(os.environ.get("LOCAL_RANK")),
              "restart": _int(os.environ.get("TORCHELASTIC_RESTART_COUNT")) or 0}
-    path = place_path(run_dir, rank)
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(place, f)
-    os.replace(tmp, path)
+    rank_files.write_place(run_dir, rank, place)
     return place
-
-
-def read_rank_files(run_dir: str, suffix: str) -> dict[int, dict]:
-    """rank -> the JSON of RUN_DIR/logs/rank{R}{suffix}, for every rank that wrote a readable one."""
-    logs = os.path.join(run_dir, "logs")
-    try:
-        names = os.listdir(logs)
-    except FileNotFoundError:
-        return {}
-    out = {}
-    for name in names:
-        rank = name[len("rank"):-len(suffix)]
-        if name.startswith("rank") and name.endswith(suffix) and rank.isdigit():
-            try:
-                with open(os.path.join(logs, name)) as f:
-                    out[int(rank)] = json.load(f)
-            except (OSError, ValueError):
-                continue
-    return out
 
 
 def read_places(run_dir: str) -> dict[int, dict]:
     """rank -> its recorded place, for every rank that recorded one."""
-    return read_rank_files(run_dir, ".place")
+    return rank_files.read_places(run_dir)
 
 
 def describe_rank(run_dir: str, rank: int, host: str | None = None, local_rank: int | None = None,

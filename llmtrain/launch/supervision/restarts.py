@@ -19,6 +19,7 @@ import re
 from llmtrain.launch.supervision.failures import rank_statuses, storage_error
 from llmtrain.launch.supervision.line_follower import LineFollower
 from llmtrain.launch.supervision.placement import rank_label, read_places
+from llmtrain.rundir.paths import RunPaths
 
 _FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+)")
 
@@ -32,7 +33,7 @@ class RestartNotices:
 
     def __init__(self, run_dir: str, nnodes: int, max_restarts: int, nproc_per_node: int = 1):
         self.run_dir = run_dir
-        self.pattern = os.path.join(run_dir, "logs", "node*.log")
+        self.pattern = RunPaths(run_dir).node_log("*")
         self.nnodes = nnodes
         self.nproc_per_node = nproc_per_node
         self.max_restarts = max_restarts

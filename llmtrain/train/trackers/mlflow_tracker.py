@@ -11,15 +11,15 @@ from pathlib import Path
 
 from llmtrain.config.compose import flat_keys
 from llmtrain.train.trackers.base import SWEEP_NAME_ENV, Tracker, scalars
+from llmtrain.rundir.paths import RunPaths
 
-LOCAL_STORE = "mlflow.db"
 LOCAL_ARTIFACTS = "mlartifacts"
 RUN_STATUS = {"finished": "FINISHED", "failed": "FAILED", "preempted": "KILLED"}
 SWEEP_TAG = "llmtrain.sweep"
 
 
 def local_store_uri(run_dir: str) -> str:
-    return "sqlite:///" + os.path.join(os.path.abspath(run_dir), LOCAL_STORE)
+    return "sqlite:///" + RunPaths(os.path.abspath(run_dir)).mlflow_db
 
 
 def flatten(config: dict) -> dict[str, str]:

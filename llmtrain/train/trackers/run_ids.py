@@ -4,14 +4,16 @@ to the same tracker runs."""
 from __future__ import annotations
 
 import json
-import os
 
-FILE = "trackers.json"
+from llmtrain.rundir.atomic import atomic_write_json
+from llmtrain.rundir.paths import TRACKERS, RunPaths
+
+FILE = TRACKERS
 
 
 def read_run_ids(run_dir: str) -> dict[str, str]:
     try:
-        with open(os.path.join(run_dir, FILE)) as f:
+        with open(RunPaths(run_dir).trackers) as f:
             ids = json.load(f)
     except (FileNotFoundError, ValueError):
         return {}
@@ -20,10 +22,4 @@ def read_run_ids(run_dir: str) -> dict[str, str]:
 
 def write_run_ids(run_dir: str, ids: dict[str, str]) -> None:
     """Written whole or not at all: a launch killed mid-write leaves the previous file."""
-    path = os.path.join(run_dir, FILE)
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(ids, f, indent=1, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_write_json(RunPaths(run_dir).trackers, ids, indent=1, sort_keys=True)

@@ -14,7 +14,7 @@ from urllib.parse import urlparse
 from omegaconf import DictConfig
 
 from llmtrain.config.errors import ConfigError
-from llmtrain.train.trackers.mlflow_tracker import LOCAL_STORE
+from llmtrain.rundir.paths import RunPaths
 
 CONNECT_TIMEOUT_S = 5.0
 _OFF = "or set {key}=false to train without it"
@@ -26,7 +26,7 @@ def check_tracker_stores(cfg: DictConfig) -> None:
     if cfg.logging.mlflow:
         _check_mlflow(cfg.logging.mlflow_tracking_uri, run_dir)
     if cfg.logging.wandb:
-        why = _unwritable_folder(os.path.join(run_dir, "wandb"))
+        why = _unwritable_folder(RunPaths(run_dir).wandb)
         if why:
             raise ConfigError("logging.wandb", f"W&B cannot write its files: {why}; {_OFF.format(key='logging.wandb')}")
 
@@ -36,7 +36,7 @@ def _check_mlflow(uri: str | None, run_dir: str) -> None:
     fix = f"pick a writable place ({'logging.mlflow_tracking_uri' if uri else 'run.dir'}) " + \
         _OFF.format(key="logging.mlflow")
     if not uri:
-        why = _unwritable_file(os.path.join(run_dir, LOCAL_STORE))
+        why = _unwritable_file(RunPaths(run_dir).mlflow_db)
     else:
         scheme = urlparse(uri).scheme
         if scheme in ("http", "https"):

@@ -7,6 +7,7 @@ import os
 import shutil
 
 from llmtrain.train.trackers.base import SWEEP_NAME_ENV, Tracker, scalars
+from llmtrain.rundir.paths import RunPaths
 
 # wandb.finish's exit code per status: non-zero is a failed run, or with mark_preempting() a preempted one.
 EXIT_CODES = {"finished": 0, "failed": 1, "preempted": 143}
@@ -35,7 +36,7 @@ class WandbTracker(Tracker):
         self.run = wandb.init(project=self.project, entity=self.entity, name=config["run"]["name"],
                               group=os.environ.get(SWEEP_NAME_ENV) or None, tags=self.tags, config=config,
                               dir=run_dir, **resume)
-        self.folder = os.path.join(run_dir, "wandb")
+        self.folder = RunPaths(run_dir).wandb
         # A resumed W&B run already holds the steps up to here (online; offline it says 0): W&B refuses, with a
         # warning each, steps below it, such as those a resume from an earlier checkpoint runs again.
         self.first_step = self.run.starting_step

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from llmtrain.config.errors import ConfigError
+from llmtrain.rundir.paths import RunPaths
 
 
 def load(path: str):
@@ -12,7 +13,7 @@ def load(path: str):
     run_dir = os.path.abspath(path)
     if not os.path.isdir(run_dir):
         raise ConfigError("RUN_DIR", f"no such run directory: {path}")
-    config = os.path.join(run_dir, "config.yaml")
+    config = RunPaths(run_dir).config
     if not os.path.isfile(config):
         raise ConfigError("RUN_DIR", f"{path} holds no config.yaml: not a run directory (llmtrain launch writes "
                                      "one there)")

@@ -1,0 +1,24 @@
+"""RUN_DIR/job.json: {"launches": [entry, ...]}, one entry per launch into the run directory, oldest first
+(written by llmtrain.jobs.record, read by `llmtrain status`). The file is rewritten whole and atomically."""
+
+from __future__ import annotations
+
+import json
+
+from llmtrain.rundir.atomic import atomic_write_json
+from llmtrain.rundir.paths import RunPaths
+
+
+def read_launches(run_dir: str) -> list[dict]:
+    """Every launch recorded in run_dir, oldest first; [] when there is no (readable) record."""
+    try:
+        with open(RunPaths(run_dir).job_record) as f:
+            launches = json.load(f).get("launches", [])
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [entry for entry in launches if isinstance(entry, dict)]
+
+
+def write_launches(run_dir: str, launches: list[dict]) -> None:
+    """Replace the record; OSError (a full disk) leaves it as it was."""
+    atomic_write_json(RunPaths(run_dir).job_record, {"launches": launches}, indent=1)
