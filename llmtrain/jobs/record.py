@@ -1,8 +1,9 @@
 """RUN_DIR/job.json: what each launch into a run directory started, written by the launcher.
 
 One entry per launch, oldest first, so `llmtrain status` can show the history: the backend, the launcher's host
-and pid, the Slurm job id (once sbatch gave one), the hosts, the start time, the overrides, and how the launcher
-ended. The file is rewritten whole and atomically; only the launcher holding RUN_DIR/.lock writes it.
+and pid, the Slurm job id (once sbatch gave one), the hosts, the start time, the overrides, what checkpoint.resume
+resolved to (the checkpoint the workers' first start loads), and how the launcher ended. The file is rewritten
+whole and atomically; only the launcher holding RUN_DIR/.lock writes it.
 """
 
 from __future__ import annotations
@@ -29,6 +30,12 @@ def read_launches(run_dir: str) -> list[dict]:
     except (OSError, ValueError, AttributeError):
         return []
     return [entry for entry in launches if isinstance(entry, dict)]
+
+
+def newest_launch(run_dir: str) -> dict:
+    """The newest launch's entry; {} when there is none."""
+    launches = read_launches(run_dir)
+    return launches[-1] if launches else {}
 
 
 def _write(run_dir: str, launches: list[dict]) -> None:
@@ -68,14 +75,15 @@ class LaunchRecord:
         self.entry = entry
 
     @classmethod
-    def start(cls, cfg, backend) -> LaunchRecord:
-        """Append this launch to the record, before the backend starts anything."""
+    def start(cls, cfg, backend, resume: dict | None = None) -> LaunchRecord:
+        """Append this launch to the record, before the backend starts anything. `resume`: what
+        checkpoint.resume resolved to (checkpoint/resume.py's Resolution.to_record)."""
         run_dir = cfg.run.dir
         earlier = read_launches(run_dir)
         entry = {"launch": len(earlier) + 1, "backend": backend.name,
                  "launcher": {"host": socket.gethostname(), "pid": os.getpid()}, "job_id": None,
                  "hosts": backend.host_names(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-                 "overrides": launch_overrides(sys.argv[1:]), "ended": None, "exit_code": None}
+                 "overrides": launch_overrides(sys.argv[1:]), "resume": resume, "ended": None, "exit_code": None}
         _write(run_dir, earlier + [entry])
         return cls(run_dir, entry)
 
