@@ -114,6 +114,7 @@ class Trainer:
 
     @property
     def step(self) -> int:
+        """Optimizer steps taken: the TrainingState's, which only it and a checkpoint load change."""
         return self.state.step
 
     def resume(self, launched: Resolution | None) -> None:

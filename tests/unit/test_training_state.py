@@ -236,3 +236,16 @@ def test_a_restart_or_requeue_continues_from_the_newest_checkpoint_whatever_was_
     assert got.checkpoint == str(run / "checkpoints" / "step-0000006")
     assert got.why == f"{cause}: auto: newest complete checkpoint step-0000006" and len(got.ignored) == 1
     assert resolve_in_worker(str(run), "none", None, restart, requeued).checkpoint == got.checkpoint
+
+
+def test_the_dry_run_says_what_resume_resolves_to_and_refuses_a_missing_path(tmp_path, capsys):
+    from llmtrain.cli import main
+
+    run = tmp_path / "run"
+    newest = checkpoint(run, 4)
+    assert main(["launch", "--dry-run", f"run.dir={run}"]) == 0
+    said = [line for line in capsys.readouterr().out.splitlines() if "checkpoint.resume=" in line]
+    assert said == [f"llmtrain: checkpoint.resume=auto -> {newest} (auto: newest complete checkpoint step-0000004)"]
+    assert main(["launch", "--dry-run", f"run.dir={run}", f"checkpoint.resume={tmp_path / 'nope'}"]) == 2
+    assert capsys.readouterr().err == f"llmtrain: error: checkpoint.resume: no such checkpoint folder: " \
+                                      f"{tmp_path / 'nope'}\n"
