@@ -117,8 +117,7 @@ def _guard(last_good):
     trainer.cfg = SimpleNamespace(train=SimpleNamespace(max_bad_steps=3))
     trainer.scaler = SimpleNamespace(enabled=False)
     trainer.ckpt = SimpleNamespace(last_good=last_good)
-    trainer.state = SimpleNamespace(step=0)
-    trainer.bad_steps, trainer.bad_since = 0, None
+    trainer.state, trainer.bad_steps, trainer.bad_since = SimpleNamespace(step=0), 0, None
 
     def step(skipped: bool) -> None:
         trainer.state.step += 1
@@ -286,9 +285,8 @@ def manager(run: Path, lines: list[str], trainer: _Trainer | None = None):
     cfg = OmegaConf.create({"parallel": {"dp": 1, "tp": 1, "pp": 1, "zero": 0, "virtual_stages": 1},
                             "cluster": {"nnodes": 1, "nproc_per_node": 1}, "checkpoint": {"keep": 2},
                             "model": {"d_model": 8}})
-    trainer = trainer or _Trainer()
-    return CheckpointManager(cfg, str(run), lambda line, **_: lines.append(line), trainer.model, trainer.optimizer,
-                             trainer.state)
+    t = trainer or _Trainer()
+    return CheckpointManager(cfg, str(run), lambda line, **_: lines.append(line), t.model, t.optimizer, t.state)
 
 
 def test_a_launch_removes_partial_folders_of_killed_saves(tmp_path, one_rank):
