@@ -58,7 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import torch.distributed as dist
 
+    from llmtrain.checkpoint.resume import Resolution
     from llmtrain.config import load_run_config
+    from llmtrain.jobs.record import newest_launch
     from llmtrain.launch.config_probes import validate_here
     from llmtrain.train.preemption import Preempted
     from llmtrain.train.device import resolve_device
@@ -71,7 +73,9 @@ def main(argv: list[str] | None = None) -> int:
         torch.manual_seed(cfg.train.seed)
         device = resolve_device(cfg.device, int(os.environ.get("LOCAL_RANK", 0)))
         init_process_group(device.type, cfg.launch.pg_timeout_s)
-        trainer = Trainer(cfg, run_dir, device)
+        # The checkpoint the launcher announced (PATH may read otherwise in this node's working directory).
+        launched = Resolution.from_record(newest_launch(run_dir).get("resume"), cfg.checkpoint.resume)
+        trainer = Trainer(cfg, run_dir, device, launched)
         trainer.train()
     except Preempted as e:
         # Exit 0 so torchrun does not restart us; the launcher reads "preempted" from the status file.

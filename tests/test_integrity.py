@@ -18,6 +18,7 @@ import torch
 from conftest import SMALL, launch, run_cli
 
 from llmtrain.checkpoint import store
+from llmtrain.checkpoint.resume import resolve_resume
 from llmtrain.rundir.metrics_file import keep_rows_until, read_metrics
 from llmtrain.train.metrics import MetricsWriter
 
@@ -116,10 +117,10 @@ def _guard(last_good):
     trainer.cfg = SimpleNamespace(train=SimpleNamespace(max_bad_steps=3))
     trainer.scaler = SimpleNamespace(enabled=False)
     trainer.ckpt = SimpleNamespace(last_good=last_good)
-    trainer.step, trainer.bad_steps, trainer.bad_since = 0, 0, None
+    trainer.state, trainer.bad_steps, trainer.bad_since = SimpleNamespace(step=0), 0, None
 
     def step(skipped: bool) -> None:
-        trainer.step += 1
+        trainer.state.step += 1
         trainer._check_bad_step(StepResult(loss=0.0, grad_norm=0.0, skipped=skipped))
 
     return trainer, step
@@ -255,18 +256,16 @@ class _Model(torch.nn.Linear):
 
 
 class _Trainer:
-    """What CheckpointManager reads of a trainer."""
+    """What CheckpointManager is handed: a model, its optimizer and a TrainingState."""
 
     def __init__(self):
+        from llmtrain.checkpoint.training_state import TrainingState
         from llmtrain.train.loss_scale import DynamicLossScaler
 
         self.model = _Model(8, 8)
         self.optimizer = torch.optim.AdamW(self.model.parameters())
-        self.step, self.samples_seen, self.tokens_seen = 1, 8, 64
-        self.scaler = DynamicLossScaler(1.0, 2.0, 0.5, 10, enabled=False)
-
-    def elapsed_s(self) -> float:
-        return 1.0
+        self.state = TrainingState(DynamicLossScaler(1.0, 2.0, 0.5, 10, enabled=False), step=1, samples_seen=8,
+                                   tokens_seen=64)
 
 
 @pytest.fixture
@@ -278,7 +277,7 @@ def one_rank(tmp_path):
     dist.destroy_process_group()
 
 
-def manager(run: Path, lines: list[str]):
+def manager(run: Path, lines: list[str], trainer: _Trainer | None = None):
     from omegaconf import OmegaConf
 
     from llmtrain.checkpoint.manager import CheckpointManager
@@ -286,7 +285,8 @@ def manager(run: Path, lines: list[str]):
     cfg = OmegaConf.create({"parallel": {"dp": 1, "tp": 1, "pp": 1, "zero": 0, "virtual_stages": 1},
                             "cluster": {"nnodes": 1, "nproc_per_node": 1}, "checkpoint": {"keep": 2},
                             "model": {"d_model": 8}})
-    return CheckpointManager(cfg, str(run), lambda line, **_: lines.append(line))
+    t = trainer or _Trainer()
+    return CheckpointManager(cfg, str(run), lambda line, **_: lines.append(line), t.model, t.optimizer, t.state)
 
 
 def test_a_launch_removes_partial_folders_of_killed_saves(tmp_path, one_rank):
@@ -305,8 +305,8 @@ def test_a_launch_removes_partial_folders_of_killed_saves(tmp_path, one_rank):
 def test_a_full_disk_is_one_line_and_keeps_the_previous_checkpoint(asynchronous, tmp_path, one_rank, monkeypatch):
     run = tmp_path / "run"
     trainer, lines = _Trainer(), []
-    ckpt = manager(run, lines)
-    ckpt.save(trainer, asynchronous=False)
+    ckpt = manager(run, lines, trainer)
+    ckpt.save(asynchronous=False)
     previous = run / "checkpoints" / "step-0000001"
     real_fsync = os.fsync
 
@@ -316,10 +316,10 @@ def test_a_full_disk_is_one_line_and_keeps_the_previous_checkpoint(asynchronous,
         real_fsync(fd)
 
     monkeypatch.setattr(os, "fsync", fsync)
-    trainer.step = 2
+    trainer.state.step = 2
     tmp = run / "checkpoints" / "step-0000002.tmp"
     with pytest.raises(RuntimeError) as e:
-        ckpt.save(trainer, asynchronous=asynchronous)
+        ckpt.save(asynchronous=asynchronous)
         ckpt.wait()
     assert str(e.value) == f"no space left on device writing checkpoint step 2 at {tmp}"
     assert names(run) == ["step-0000001"]
@@ -357,14 +357,14 @@ def test_a_step_folder_without_meta_json_is_refused_not_skipped(tmp_path):
     run = tmp_path / "run"
     fake_checkpoint(run, "step-0000003", meta=False)  # older than the newest complete one: no obstacle
     fake_checkpoint(run, "step-0000005")
-    assert store.resolve_resume(str(run), "auto")[0] == str(run / "checkpoints" / "step-0000005")
+    assert resolve_resume(str(run), "auto").checkpoint == str(run / "checkpoints" / "step-0000005")
     lost = fake_checkpoint(run, "step-0000010", meta=False)
     (run / "checkpoints" / "step-0000012.tmp").mkdir()
     with pytest.raises(store.CheckpointError) as e:
-        store.resolve_resume(str(run), "auto")
+        resolve_resume(str(run), "auto")
     assert e.value.key == str(lost) and e.value.message.startswith("corrupt checkpoint: meta.json is missing")
     with pytest.raises(store.CheckpointError) as e:
-        store.resolve_resume(str(run), str(lost))
+        resolve_resume(str(run), str(lost))
     assert e.value.key == str(lost) and "corrupt" in e.value.message
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from omegaconf import OmegaConf
 from conftest import REPO, SMALL, launch, read_rows, run_cli, train_losses, wait_for, worker_processes
 
 pytestmark = pytest.mark.slow
@@ -127,6 +128,11 @@ def test_crashed_rank_is_named_and_its_periodic_checkpoint_resumed(crashed, tmp_
     assert f"resuming from {again / 'checkpoints' / f'step-{newest:07d}'}" in result.stdout.replace("\n", "")
     assert f"at step {newest} " in (again / "logs" / "rank0.log").read_text()
     assert sorted(train_losses(again))[-2:] == [newest + 1, newest + 2]
+    # config.yaml keeps the value as written; job.json records what it resolved to, which the workers loaded.
+    assert OmegaConf.load(again / "config.yaml").checkpoint.resume == "auto"
+    launch_entry = json.loads((again / "job.json").read_text())["launches"][-1]
+    assert launch_entry["resume"] == {"value": "auto", "checkpoint": str(again / "checkpoints" / f"step-{newest:07d}"),
+                                      "why": f"auto: newest complete checkpoint step-{newest:07d}"}
 
 
 def _snapshot(run_dir: Path) -> dict:
@@ -162,6 +168,7 @@ def test_replaced_data_is_refused_before_any_worker_and_overwrite_starts_afresh(
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert f"  data.path: other data than the checkpoint's: {data}: size " in result.stdout
     assert sorted(train_losses(elsewhere)) == [step + 1]
+    assert OmegaConf.load(elsewhere / "config.yaml").checkpoint.resume == str(newest)
     result = run_cli(["launch", f"run.dir={run_dir}", *overrides, "train.stop_at_step=2", "run.overwrite=true"])
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert "run.overwrite=true: moved the earlier run" in result.stdout

@@ -296,6 +296,7 @@ def test_compare_shows_a_mixture_by_name_and_weight():
 
 def test_the_launcher_prints_the_mixture_change_on_resume(data, tmp_path, capsys, monkeypatch):
     from llmtrain.checkpoint import store
+    from llmtrain.checkpoint.resume import Resolution
     from llmtrain.config import to_yaml
     from llmtrain.console import get_console
     from llmtrain.launch import run, run_identity
@@ -308,11 +309,11 @@ def test_the_launcher_prints_the_mixture_change_on_resume(data, tmp_path, capsys
     os.makedirs(ckpt)
     with open(os.path.join(ckpt, "config.yaml"), "w") as f:
         f.write(to_yaml(old))
-    monkeypatch.setattr(store, "resolve_resume", lambda run_dir, resume: (ckpt, []))
+    monkeypatch.setattr(run, "resolve_resume", lambda run_dir, value: Resolution(value, ckpt, "PATH as given"))
     monkeypatch.setattr(store, "verify", lambda path: None)
     monkeypatch.setattr(store, "read_meta", lambda path: {"step": 10, "data": data_identity(old.data)})
     monkeypatch.setattr(run_identity, "conflict", lambda *args: ("", []))
-    assert run.check_resume(new, get_console(width=300)) == ckpt
+    assert run.check_resume(new, get_console(width=300)).checkpoint == ckpt
     lines = capsys.readouterr().out.splitlines()
     assert lines == [f"llmtrain: resuming from {ckpt} with these changes:",
                      "  data.sources: web weight 0.7 -> 0.5, code weight 0.3 -> 0.5; the stream continues from the "

@@ -1,9 +1,9 @@
 """Saving and loading training state with torch.distributed.checkpoint (DCP), under any layout.
 
 The state is layout-free: the model and its optimizer state by parameter name (`state.py`; DTensor shards, which
-DCP reshards on load for another dp/tp/pp/zero layout or world size), the step, the data position (samples
-consumed of the global stream; for data=mix also the mixture's history of weights, as JSON text), the loss
-scaler, and each rank's RNG state.
+DCP reshards on load for another dp/tp/pp/zero layout or world size), the TrainingState (`training_state.py`: the
+step, the data position, the loss scaler, a mixture's history), and each rank's RNG state. The manager is handed
+the model, its optimizer and the TrainingState; a load restores them in place and touches nothing else.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from torch.distributed.tensor import DTensor
 
 from llmtrain.checkpoint import store
 from llmtrain.checkpoint.state import ModelState, OptimizerState
+from llmtrain.checkpoint.training_state import TrainingState
 from llmtrain.config import to_yaml
 from llmtrain.config.derived import world_size
 from llmtrain.data.identity import data_identity
@@ -85,8 +86,14 @@ def _disk_full(e: BaseException | None) -> bool:
 
 
 class CheckpointManager:
-    def __init__(self, cfg: DictConfig, run_dir: str, log):
+    def __init__(self, cfg: DictConfig, run_dir: str, log, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 state: TrainingState):
+        """`model`: a ParallelModel (its stages in .parts) or one plain module. No learning-rate scheduler to
+        save: the schedule is a function of the step (train/optim.py)."""
         self.cfg = cfg
+        self.parts = getattr(model, "parts", [model])
+        self.optimizer = optimizer
+        self.state = state
         self.run_dir = run_dir
         self.log = log
         self.rank = dist.get_rank()
@@ -117,32 +124,26 @@ class CheckpointManager:
         return self.saved
 
     # ---- state ----------------------------------------------------------------------------------------------
-    def state_dict(self, trainer, for_load: bool = False, include_rng: bool = True, mixture: bool = True) -> dict:
-        """`mixture`: include the data=mix history (a load asks for it only when the checkpoint has one)."""
-        parts = getattr(trainer.model, "parts", [trainer.model])  # a ParallelModel's stages, or one plain module
-        extra = {"step": trainer.step, "samples_seen": trainer.samples_seen, "tokens_seen": trainer.tokens_seen,
-                 "scaler": trainer.scaler.state_dict()}
-        feed = getattr(trainer, "feed", None)
-        mixture_text = feed.state_text(trainer.samples_seen) if feed is not None and mixture else None
-        if mixture_text is not None:
-            extra["mixture"] = mixture_text
-        out = {"model": ModelState(parts), "optim": OptimizerState(parts, trainer.optimizer, for_load),
-               "extra": extra}
+    def state_dict(self, for_load: bool = False, include_rng: bool = True, mixture: bool = True) -> dict:
+        """`mixture`: include the data=mix history (a load asks for it only when the checkpoint has one). "extra"
+        is a copy of the TrainingState as it is now: an async save writes it while training goes on."""
+        out = {"model": ModelState(self.parts), "optim": OptimizerState(self.parts, self.optimizer, for_load),
+               "extra": self.state.state_dict(mixture)}
         if include_rng:
             out["rng"] = {f"rank{self.rank}": torch.get_rng_state()}
         return out
 
     # ---- save ------------------------------------------------------------------------------------------------
-    def save(self, trainer, asynchronous: bool) -> None:
+    def save(self, asynchronous: bool) -> None:
         self.wait()  # one save in flight at a time
-        step = trainer.step
+        step = self.state.step
         tmp = store.step_dir(self.run_dir, step) + ".tmp"
         if self.rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)  # leftovers of a save that was killed
             os.makedirs(tmp)
         dist.barrier(group=self.group)
-        state = self.state_dict(trainer)
-        elapsed = trainer.elapsed_s()
+        state = self.state_dict()
+        elapsed = self.state.elapsed_s()
         t0 = time.perf_counter()
         with self._one_line_if_disk_full(tmp, step, state):
             if asynchronous:
@@ -232,31 +233,30 @@ class CheckpointManager:
         self.saved = (tmp[: -len(".tmp")], step)
 
     # ---- load ------------------------------------------------------------------------------------------------
-    def load(self, trainer, path: str, prefix: str = "") -> None:
-        """Restore `trainer` from the checkpoint at `path`; `prefix` starts the log line (a restart's number)."""
+    def load(self, path: str, prefix: str = "") -> None:
+        """Restore the model, optimizer and TrainingState from the checkpoint at `path`; `prefix` starts the log
+        line (a restart's number)."""
         meta = store.verify(path, crc=False)
         same_layout = meta.get("layout") == layout_of(self.cfg)
-        state = self.state_dict(trainer, for_load=True, include_rng=same_layout, mixture="mixture" in meta)
+        state = self.state_dict(for_load=True, include_rng=same_layout, mixture="mixture" in meta)
         try:
             dcp.load(state, checkpoint_id=path, process_group=self.group)
         except Exception as e:
             raise store.CheckpointError(path, f"cannot load checkpoint: {type(e).__name__}: "
                                               f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}") from e
-        extra = state["extra"]
-        trainer.step = int(extra["step"])
-        trainer.samples_seen = int(extra["samples_seen"])
-        trainer.tokens_seen = int(extra["tokens_seen"])
-        trainer.scaler.load_state_dict(extra["scaler"])
-        trainer.elapsed_before = float(meta.get("elapsed_s", 0.0))
-        if "mixture" in extra and trainer.feed.load_state_text(extra["mixture"], trainer.samples_seen):
+        training = self.state
+        training.load_state_dict(state["extra"])  # DCP loaded the checkpoint's values into this dict
+        training.elapsed_before_s = float(meta.get("elapsed_s", 0.0))
+        if training.new_mixture_segment:
             self.log(f"llmtrain: data.sources weights differ from the checkpoint's: a new mixture segment starts at "
-                     f"sample {trainer.samples_seen:,} (nothing already drawn is drawn again)", flush=True)
-        self.saved = (path, trainer.step)
+                     f"sample {training.samples_seen:,} (nothing already drawn is drawn again)", flush=True)
+        self.saved = (path, training.step)
         if same_layout:
             torch.set_rng_state(state["rng"][f"rank{self.rank}"])
         else:
             # Another layout: ranks map to other work, so reseed from (seed, step, rank) instead.
-            torch.manual_seed(self.cfg.train.seed + 1_000_003 * trainer.step + self.rank)
-        self.log(f"llmtrain: {prefix}resumed from {path} at step {trainer.step} ({trainer.samples_seen:,} samples seen)"
+            torch.manual_seed(self.cfg.train.seed + 1_000_003 * training.step + self.rank)
+        self.log(f"llmtrain: {prefix}resumed from {path} at step {training.step} ({training.samples_seen:,} samples "
+                 "seen)"
                  + ("" if same_layout else f"; resharded from layout {meta.get('layout')} to {layout_of(self.cfg)}"),
                  flush=True)

@@ -106,12 +106,17 @@ def corrupt_error(path: str) -> CheckpointError:
                                  "earlier checkpoint")
 
 
+def is_step_folder_name(path: str) -> bool:
+    """Whether `path` is named like a checkpoint folder of a run (step-NNNNNNN, or its .tmp)."""
+    return _NAME.match(os.path.basename(os.path.normpath(path))) is not None
+
+
 def is_checkpoint_folder(path: str) -> bool:
     """A folder with DCP's .metadata or a meta.json, or named step-NNNNNNN, and no checkpoints/ of its own."""
     if os.path.isdir(checkpoints_dir(path)):
         return False
     return (os.path.exists(os.path.join(path, DCP_METADATA)) or os.path.exists(os.path.join(path, META))
-            or _NAME.match(os.path.basename(os.path.normpath(path))) is not None)
+            or is_step_folder_name(path))
 
 
 def checkpoint_or_newest(path: str) -> tuple[str, bool]:
@@ -141,26 +146,6 @@ def checkpoint_or_newest(path: str) -> tuple[str, bool]:
         raise CheckpointUsageError(path, f"run directory without a complete checkpoint ({detail})")
     latest, _ = newest_usable(path)  # a corrupt newer folder is an error, not a reason to fall back
     return latest.path, True
-
-
-def resolve_resume(run_dir: str, resume: str) -> tuple[str | None, list[CheckpointInfo]]:
-    """checkpoint.resume -> checkpoint folder to load (or None for a fresh start), plus ignored partial ones."""
-    if resume == "none":
-        return None, []
-    if resume == "auto":
-        latest, ignored = newest_usable(run_dir)
-        return (latest.path if latest else None), ignored
-    path = os.path.abspath(os.path.expanduser(resume))
-    if not os.path.isdir(path):
-        raise CheckpointUsageError("checkpoint.resume", f"no such checkpoint folder: {resume}")
-    if path.endswith(".tmp"):
-        raise CheckpointUsageError("checkpoint.resume", f"{resume} is not a complete checkpoint (its save did not "
-                                                   "finish)")
-    if read_meta(path) is None:
-        if _NAME.match(os.path.basename(path)):
-            raise corrupt_error(path)
-        raise CheckpointUsageError("checkpoint.resume", f"{resume} is not a complete checkpoint (no {META})")
-    return path, []
 
 
 def file_manifest(path: str) -> dict[str, dict]:

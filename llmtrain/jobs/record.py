@@ -1,9 +1,10 @@
 """RUN_DIR/job.json: what each launch into a run directory started, written by the launcher.
 
 One entry per launch, oldest first, so `llmtrain status` can show the history: the backend, the launcher's host
-and pid, the Slurm job id (once sbatch gave one), the hosts, the start time, the overrides, and how the launcher
-ended; a Slurm job adds why it stopped requeueing and the nodes its requeue excludes. The file is rewritten whole
-and atomically, by whoever holds RUN_DIR/.lock: the launcher, or the Slurm job it submitted.
+and pid, the Slurm job id (once sbatch gave one), the hosts, the start time, the overrides, what checkpoint.resume
+resolved to (the checkpoint the workers' first start loads), and how the launcher ended; a Slurm job adds why it
+stopped requeueing and the nodes its requeue excludes. The file is rewritten whole and atomically, by whoever holds
+RUN_DIR/.lock: the launcher, or the Slurm job it submitted.
 """
 
 from __future__ import annotations
@@ -15,6 +16,12 @@ import sys
 import time
 
 from llmtrain.rundir.job_record import read_launches, write_launches
+
+
+def newest_launch(run_dir: str) -> dict:
+    """The newest launch's entry; {} when there is none."""
+    launches = read_launches(run_dir)
+    return launches[-1] if launches else {}
 
 
 def _write(run_dir: str, launches: list[dict]) -> None:
@@ -47,14 +54,15 @@ class LaunchRecord:
         self.entry = entry
 
     @classmethod
-    def start(cls, cfg, backend) -> LaunchRecord:
-        """Append this launch to the record, before the backend starts anything."""
+    def start(cls, cfg, backend, resume: dict | None = None) -> LaunchRecord:
+        """Append this launch to the record, before the backend starts anything. `resume`: what
+        checkpoint.resume resolved to (checkpoint/resume.py's Resolution.to_record)."""
         run_dir = cfg.run.dir
         earlier = read_launches(run_dir)
         entry = {"launch": len(earlier) + 1, "backend": backend.name,
                  "launcher": {"host": socket.gethostname(), "pid": os.getpid()}, "job_id": None,
                  "hosts": backend.host_names(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-                 "overrides": launch_overrides(sys.argv[1:]), "ended": None, "exit_code": None}
+                 "overrides": launch_overrides(sys.argv[1:]), "resume": resume, "ended": None, "exit_code": None}
         _write(run_dir, earlier + [entry])
         return cls(run_dir, entry)
 

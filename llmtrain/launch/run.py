@@ -11,6 +11,7 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.table import Table
 
+from llmtrain.checkpoint.resume import Resolution, resolve_resume
 from llmtrain.config import to_yaml
 from llmtrain.config.errors import ConfigError
 from llmtrain.console import fold_table, get_console, plain, say
@@ -65,9 +66,11 @@ def dry_run(cfg: DictConfig) -> int:
     fit = check_memory_fit(cfg)
     check_tracker_stores(cfg)
     check_init_from(cfg)
+    resolution = resolve_resume(run_dir, cfg.checkpoint.resume)  # a PATH that is no checkpoint is refused here too
     console.rule("resolved config")
     plain(to_yaml(cfg), console=console)
     console.print(layout_table(cfg))
+    console.print(resolution.line(), markup=False, highlight=False, soft_wrap=True)
     if cfg.data.name == "mix":
         from llmtrain.launch.mixture_plan import mixture_lines
 
@@ -111,28 +114,29 @@ def prepare_data(cfg: DictConfig) -> None:
         ensure_stdlib_corpus(cfg.data.path, cfg.data.max_bytes)
 
 
-def check_resume(cfg: DictConfig, console: Console) -> str | None:
-    """Before anything starts: the checkpoint to resume from (returned; None: a fresh start), and what differs
-    from its config."""
+def check_resume(cfg: DictConfig, console: Console) -> Resolution:
+    """Before anything starts: what checkpoint.resume resolves to (its checkpoint None: a fresh start), refused
+    when it would start a different run in run.dir, and what differs from the checkpoint's config."""
     from llmtrain.checkpoint import store
     from llmtrain.checkpoint.diff import check_resumable, describe_change
     from llmtrain.config import load_run_config
     from llmtrain.data.identity import data_changes
 
     run_dir = os.path.abspath(cfg.run.dir)
-    path, ignored = store.resolve_resume(run_dir, cfg.checkpoint.resume)
-    old = None
+    resolution = resolve_resume(run_dir, cfg.checkpoint.resume)
+    path, old = resolution.checkpoint, None
     if path is not None:
         store.verify(path)
         old = load_run_config(os.path.join(path, "config.yaml"))
     why, aside = run_identity.conflict(cfg, run_dir, path, old)
     if why:
         say(run_identity.refuse_or_move_aside(cfg, run_dir, why, aside), console=console)
-        path, ignored = store.resolve_resume(run_dir, cfg.checkpoint.resume)
-    for info in ignored:
+        resolution = resolve_resume(run_dir, cfg.checkpoint.resume)  # the run moved aside: resolved again
+        path = resolution.checkpoint
+    for info in resolution.ignored:
         say(f"ignoring incomplete checkpoint {info.path} (its save did not finish)", console=console)
     if path is None:
-        return None
+        return resolution
     probe = cfg.copy()
     probe.run.dir = run_dir
     diff = check_resumable(old, probe, path)
@@ -142,7 +146,7 @@ def check_resume(cfg: DictConfig, console: Console) -> str | None:
     data = data_changes((store.read_meta(path) or {}).get("data"), cfg.data)
     if data:  # allowed here: a checkpoint of another run directory (or an older one) resumed on purpose
         plain(f"  {run_identity.data_key(cfg)}: other data than the checkpoint's: {data}", console=console)
-    return path
+    return resolution
 
 
 def launch(cfg: DictConfig) -> int:
@@ -164,13 +168,12 @@ def launch(cfg: DictConfig) -> int:
         if took_over:
             say(took_over, console=console)
         prepare_data(cfg)  # first: the resume check compares the data it builds with the checkpoint's
-        # The workers start from the checkpoint chosen here, not from their own reading of checkpoint.resume.
-        cfg.checkpoint.resume = check_resume(cfg, console) or "none"
+        resolution = check_resume(cfg, console)
         try:
-            prepare_run_dir(cfg)
+            prepare_run_dir(cfg)  # checkpoint.resume as the user wrote it
         except OSError as e:
             raise ConfigError("run.dir", f"cannot write the run directory {run_dir}: {e.strerror or e}") from None
-        return _run(cfg, backend, console)
+        return _run(cfg, backend, console, resolution)
     except LlmtrainError:  # refused before the job started (a conflict, sbatch, the data cache, a damaged checkpoint)
         lock.release()
         if not existed:
@@ -183,11 +186,12 @@ def launch(cfg: DictConfig) -> int:
         lock.release()
 
 
-def _run(cfg: DictConfig, backend, console) -> int:
+def _run(cfg: DictConfig, backend, console, resolution: Resolution) -> int:
     # Recorded before the job starts, so `llmtrain status|follow|cancel RUN_DIR` find it from the start; completed
     # when the launcher returns: its exit code, and the Slurm job id (without cluster.follow the launcher returns
-    # right after sbatch; a following launcher holds the lock itself until the job ends).
-    record = LaunchRecord.start(cfg, backend)
+    # right after sbatch; a following launcher holds the lock itself until the job ends). The workers' first
+    # start loads the checkpoint recorded here: the one this launcher announced.
+    record = LaunchRecord.start(cfg, backend, resolution.to_record())
     code = None
     try:
         code = _start_and_follow(cfg, backend, console)
@@ -236,7 +240,7 @@ def checkpoint_state(run_dir: str) -> str:
 
     statuses = rank_statuses(run_dir)
     steps = {s.get("step") for s in statuses.values() if s.get("status") == "preempted"}
-    path, _ = store.resolve_resume(run_dir, "auto")
+    path = resolve_resume(run_dir, "auto").checkpoint
     if steps and path is not None and (store.read_meta(path) or {}).get("step") == max(steps):
         return f"checkpoint step {max(steps)} saved in {path}; the same command resumes from it"
     if path is not None:

@@ -16,8 +16,9 @@ from torch.distributed.tensor import DTensor
 
 from llmtrain.config.derived import Derived, torch_dtype
 from llmtrain.hardware.fp8_device import check_fp8_node
-from llmtrain.checkpoint import store
 from llmtrain.checkpoint.manager import CheckpointManager
+from llmtrain.checkpoint.resume import Resolution, resolve_in_worker
+from llmtrain.checkpoint.training_state import TrainingState
 from llmtrain.checkpoint.pretrained import configured_pretrained
 from llmtrain.parallel.build import ParallelModel, build_parallel_model
 from llmtrain.parallel.grad_norm import clip_grad_norm_
@@ -62,7 +63,8 @@ def nonfinite_flag(tensors: list[torch.Tensor]) -> torch.Tensor:
 
 
 class Trainer:
-    def __init__(self, cfg: DictConfig, run_dir: str, device: torch.device):
+    def __init__(self, cfg: DictConfig, run_dir: str, device: torch.device, launched: Resolution | None = None):
+        """`launched`: what the launcher resolved checkpoint.resume to (job.json), for the first start."""
         self.cfg = cfg
         self.run_dir = run_dir
         self.device = device
@@ -90,14 +92,10 @@ class Trainer:
         self.feed = DataFeed(cfg, device, self.dp_rank, self.dims.dp)
         self.accum = Derived.of(cfg).micro_batches
         self.profiler = StepProfiler(cfg.profile.steps, RunPaths(run_dir).profile, self.rank, device)
-        self.step = 0
-        self.samples_seen = 0
-        self.tokens_seen = 0
+        # Step, data position, loss scaler, mixture history, training time: what a checkpoint restores.
+        self.state = TrainingState(self.scaler, self.feed)
         self.bad_steps = 0
         self.bad_since: int | None = None  # first step of the open streak of non-finite (skipped) steps
-        # Training time of earlier launches of this run (from the checkpoint), and when this launch's began.
-        self.elapsed_before = 0.0
-        self.segment_start = time.perf_counter()
         self.state_bytes: dict[str, int] = {}
         self.saved_activations = SavedActivations(self.model.parameters())
         is_logger = self.rank == 0
@@ -105,8 +103,8 @@ class Trainer:
         self.preempt = PreemptionFlag()
         self.save_schedule = SaveSchedule(cfg.checkpoint, self.rank)
         self.fault = gradient_fault(self.rank)
-        self.ckpt = CheckpointManager(cfg, run_dir, self.log)
-        self.resume()
+        self.ckpt = CheckpointManager(cfg, run_dir, self.log, self.model, self.optimizer, self.state)
+        self.resume(launched)
         metrics_path = RunPaths(run_dir).metrics if is_logger else None
         # Rows past the resumed step came from an attempt that did not reach a checkpoint: they are replaced.
         self.metrics = MetricsWriter(metrics_path, keep_until_step=self.step,
@@ -115,21 +113,25 @@ class Trainer:
                                      trackers=open_trackers(cfg, run_dir, resumed=self.step > 0)
                                      if is_logger else None)
 
-    def resume(self) -> None:
+    @property
+    def step(self) -> int:
+        """Optimizer steps taken: the TrainingState's, which only it and a checkpoint load change."""
+        return self.state.step
+
+    def resume(self, launched: Resolution | None) -> None:
         restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         requeued = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
-        # The launcher resolved checkpoint.resume to the checkpoint path (or none) it announced; a torchrun restart
-        # or a requeued Slurm job continues from the newest complete checkpoint instead.
-        mode = "auto" if restart or requeued else self.cfg.checkpoint.resume
-        path, ignored = store.resolve_resume(self.run_dir, mode)
+        resolution = resolve_in_worker(self.run_dir, self.cfg.checkpoint.resume, launched, restart, requeued)
+        if launched is None and not (restart or requeued):  # no launcher said which checkpoint and why
+            self.log(resolution.line(), flush=True)
         if restart or requeued:  # otherwise the launcher has said which checkpoint it resumes and which it ignores
-            for info in ignored:
+            for info in resolution.ignored:
                 self.log(f"llmtrain: ignoring incomplete checkpoint {info.path} (its save did not finish)",
                          flush=True)
         prefix = f"restart {restart} of {self.cfg.launch.max_restarts}: " if restart else \
             (f"requeued job (restart {requeued}): " if requeued else "")
-        if path is not None:
-            self.ckpt.load(self, path, prefix)
+        if resolution.checkpoint is not None:
+            self.ckpt.load(resolution.checkpoint, prefix)
         elif restart:
             self.log(f"llmtrain: {prefix}no complete checkpoint yet; starting again from step 0", flush=True)
 
@@ -153,7 +155,7 @@ class Trainer:
         total = torch.zeros((), device=self.device)
         model = self.model.parts[0]
         for m in range(self.accum):
-            x, y = self.feed.train_batch(self.step, m, self.samples_seen)
+            x, y = self.feed.train_batch(self.step, m, self.state.samples_seen)
             # Reduce gradients across dp only after the last micro-batch.
             self.model.set_gradient_sync(m == self.accum - 1)
             measure = self.step == 0 and m == 0  # activation bytes of one micro-batch, for `plan`'s checks
@@ -166,7 +168,7 @@ class Trainer:
         return total / self.accum
 
     def _pipeline_forward_backward(self) -> torch.Tensor:
-        batches = [self.feed.train_batch(self.step, m, self.samples_seen) for m in range(self.accum)]
+        batches = [self.feed.train_batch(self.step, m, self.state.samples_seen) for m in range(self.accum)]
         return self.run_pipeline(batches, train=True)
 
     def run_pipeline(self, batches: list[tuple[torch.Tensor, torch.Tensor]], train: bool) -> torch.Tensor:
@@ -270,10 +272,6 @@ class Trainer:
             return torch.cuda.max_memory_allocated(self.device) / 2**30
         return psutil.Process().memory_info().rss / 2**30
 
-    def elapsed_s(self) -> float:
-        """Training time of the whole run so far, over every launch that led to this state."""
-        return self.elapsed_before + time.perf_counter() - self.segment_start
-
     def train(self) -> None:
         try:
             self._train()
@@ -283,11 +281,11 @@ class Trainer:
             raise
 
     def _train(self) -> None:
-        t = self.cfg.train
+        t, state = self.cfg.train, self.state
         self._describe()
         last = min(t.max_steps, t.stop_at_step) if t.stop_at_step else t.max_steps
         first_step = self.step
-        self.segment_start = time.perf_counter()
+        self.state.restart_clock()
         self.save_schedule.restart_clock()
         if first_step >= last:
             self.log(f"llmtrain: nothing to do: already at step {self.step} (train.max_steps={t.max_steps}"
@@ -298,13 +296,11 @@ class Trainer:
                            self.peak_flops, dist.get_world_size(), self.scaler, self.memory_gib, self.feed)
         while self.step < last:
             result, step_time = self._timed_step(first_step)
-            self.step += 1
-            self.samples_seen += t.global_batch_size
-            self.tokens_seen += step_log.tokens_per_step
-            for line in self.feed.step_done(self.step, self.samples_seen - t.global_batch_size, self.samples_seen):
+            state.advance(t.global_batch_size, step_log.tokens_per_step)
+            for line in self.feed.step_done(state.step, state.samples_seen - t.global_batch_size, state.samples_seen):
                 self.log(line, flush=True)
             self._check_bad_step(result)
-            step_log.step_done(self.step, result, step_time, self.tokens_seen, self.elapsed_s(), self.samples_seen)
+            step_log.step_done(state.step, result, step_time, state.tokens_seen, state.elapsed_s(), state.samples_seen)
             if t.eval_interval and t.eval_steps and (self.step % t.eval_interval == 0 or self.step == t.max_steps):
                 step_log.eval_done(self.step, self.evaluate())
             self.ckpt.poll()
@@ -316,15 +312,15 @@ class Trainer:
             self.save_checkpoint(asynchronous=False)
         self.ckpt.wait()
         self._close()
-        this_launch = time.perf_counter() - self.segment_start
+        this_launch = time.perf_counter() - state.segment_start
         resumed = f" ({self.step - first_step} since resuming at step {first_step}, in {this_launch:.1f} s)" \
             if first_step else ""
         ended = "done" if self.step >= t.max_steps else \
             f"stopped at step {self.step} of {t.max_steps} (train.stop_at_step)"
-        per_source = self.feed.source_tokens(self.samples_seen)
+        per_source = self.feed.source_tokens(state.samples_seen)
         sources = " (" + ", ".join(f"{name} {n:,}" for name, n in per_source.items()) + ")" if per_source else ""
-        self.log(f"llmtrain: {ended}, {self.step} steps, {self.tokens_seen:,} tokens{sources} in "
-                 f"{self.elapsed_s():.1f} s{resumed}", flush=True)
+        self.log(f"llmtrain: {ended}, {state.step} steps, {state.tokens_seen:,} tokens{sources} in "
+                 f"{state.elapsed_s():.1f} s{resumed}", flush=True)
 
     def _describe(self) -> None:
         t, m = self.cfg.train, self.cfg.model
@@ -401,7 +397,7 @@ class Trainer:
             where = f"the last good checkpoint is {good[0]}" if good else "this run has no earlier checkpoint"
             self.log(f"llmtrain: step {self.step}: not saving a checkpoint: {why} ({where})", flush=True)
         else:
-            self.ckpt.save(self, asynchronous=asynchronous)
+            self.ckpt.save(asynchronous=asynchronous)
         self.save_schedule.restart_clock()  # the next interval counts training time, not this save's
         return not why
 

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from llmtrain.checkpoint.resume import resolve_resume
+
 from llmtrain import errors
 from llmtrain.checkpoint import store
 from llmtrain.cli import main
@@ -127,7 +129,7 @@ def test_a_truncated_shard_is_a_failure_and_a_wrong_resume_is_bad_input(tmp_path
     assert (type(e.value), e.value.exit_code) == (CheckpointError, EXIT_FAILED)
     assert str(e.value) == f"{path / '__0_0.distcp'}: checkpoint file is truncated or altered: 99 bytes, 100 written"
     with pytest.raises(CheckpointError) as e:
-        store.resolve_resume(str(tmp_path / "run"), str(tmp_path / "nowhere"))
+        resolve_resume(str(tmp_path / "run"), str(tmp_path / "nowhere"))
     assert (e.value.key, e.value.exit_code) == ("checkpoint.resume", EXIT_USAGE)
 
 
