@@ -18,9 +18,10 @@ def uncalibrated_parts(cfg):
 
 
 def point(cfg, trial) -> dict:
-    tokens = cfg.train.global_batch_size * cfg.model.seq_len
-    c = cfg.cluster
-    return {"key": f"{cfg.model.name}/{c.nnodes}x{c.nproc_per_node}/gb{cfg.train.global_batch_size}/{trial.layout}",
+    m, c = cfg.model, cfg.cluster
+    tokens = cfg.train.global_batch_size * m.seq_len
+    model = f"{m.name}-l{m.n_layers}-d{m.d_model}-s{m.seq_len}"  # overridden sizes are another model
+    return {"key": f"{model}/{c.nnodes}x{c.nproc_per_node}/gb{cfg.train.global_batch_size}/{trial.layout}",
             "model": cfg.model.name, "layout": trial.layout, "compute_s": trial.compute_s, "comm_s": trial.comm_s,
             "measured_step_s": tokens / trial.tokens_per_s, "date": datetime.date.today().isoformat()}
 
