@@ -103,7 +103,8 @@ def _run_trials(plan: SweepPlan, chosen, args) -> tuple[list[trials.Trial], int 
             done.append(recorded)
             continue
         if args.budget_min is not None and launched_walls:
-            expected = time.monotonic() - start + sum(launched_walls) / len(launched_walls)
+            spent = max(time.monotonic() - start, sum(launched_walls))
+            expected = spent + sum(launched_walls) / len(launched_walls)
             if expected > args.budget_min * 60:
                 left = len(plan.runs) - number + 1
                 say(f"tune: budget of {args.budget_min:g} min: not starting {left} trial(s) (each takes "
