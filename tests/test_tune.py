@@ -1,6 +1,7 @@
 """`llmtrain tune` on 2 CPU ranks: one tune of six layouts (four measured, one that cannot fit the memory it is
-given, one whose launch fails), then the same command again, and a layout the tune did not measure launched to
-check that the calibrated plan estimates it better than the uncalibrated one did."""
+given, one whose launch fails), then the same command again with --launch (every trial reused, the winner
+launched), and a layout the tune did not measure launched to check that the calibrated plan estimates it better
+than the uncalibrated one did."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ pytestmark = pytest.mark.slow
 STEPS = 5  # the first step is warm-up: four measured steps per trial
 # A fixed peak: the ranking (compute against exposed communication) is then the same in every process.
 BASE = ["cluster.nproc_per_node=2", "data=synthetic", "model.d_model=64", "model.seq_len=64", "train.warmup_steps=2",
-        "launch.pg_timeout_s=120", "hardware=cpu", "+hardware.peak_tflops.float32=0.05"]
+        "launch.pg_timeout_s=120", "hardware=cpu", "+hardware.peak_tflops.float32=0.05",
+        "train.max_steps=3"]  # the winner's run under --launch; trials take STEPS whatever is given
 
 
 def ranking(overrides: list[str], cache: Path):
@@ -61,7 +63,7 @@ def tuned(tmp_path_factory):
     env = {"LLMTRAIN_CACHE": str(cache)}
     first = run_cli(command, cwd=work, env=env, timeout=1500)
     rows_after_first = {d.name: len(read_rows(d)) for d in tune_dir.iterdir() if d.is_dir()}
-    again = run_cli(command, cwd=work, env=env, timeout=600)
+    again = run_cli([*command, "--launch"], cwd=work, env=env, timeout=600)
     return {"work": work, "cache": cache, "dir": tune_dir, "first": first, "again": again, "top6": top6,
             "heaviest": heaviest, "broken": broken, "overrides": overrides, "rows": rows_after_first, "env": env}
 
@@ -131,12 +133,20 @@ def test_a_failing_trial_is_reported_and_the_tune_goes_on(tuned):
     assert table(out)[tuned["broken"]][5] == "failed: refused: run.dir"
 
 
-def test_the_same_command_again_reuses_every_trial(tuned):
+def test_the_same_command_again_reuses_every_trial_and_launch_starts_the_winner(tuned):
     again = tuned["again"]
-    assert again.returncode == 0, again.stderr
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]
     assert again.stdout.count("llmtrain: tune: reusing trial ") == 6 and "sweep: run " not in again.stdout
     assert {d.name: len(read_rows(d)) for d in tuned["dir"].iterdir() if d.is_dir()} == tuned["rows"]
     assert table(again.stdout) == table(tuned["first"].stdout)
+    best = next(s for s in again.stdout.splitlines() if "fastest measured: " in s)
+    name = best.split("fastest measured: ", 1)[1].split(" ", 1)[0]
+    run_dir = tuned["work"] / "runs" / "gpt-tiny"
+    assert [r["step"] for r in read_rows(run_dir) if "loss" in r] == [1, 2, 3]
+    saved = (run_dir / "config.yaml").read_text()
+    for override in trial(tuned, name)["overrides"]:
+        key, value = override.split("=", 1)
+        assert f"  {key.split('.')[1]}: {value}\n" in saved, override
 
 
 def test_calibration_brings_an_unmeasured_layout_closer_to_its_measurement(tuned):

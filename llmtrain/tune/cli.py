@@ -83,6 +83,8 @@ def _selection(cfg, args, tune_dir: str) -> list[candidates.Ranked]:
     if {k: saved.get(k) for k in key} == key and all(name in by_name for name in saved.get("layouts", [])):
         return [by_name[name] for name in saved["layouts"]]
     chosen = candidates.top(ranking, args.top)
+    if not chosen:
+        return chosen  # refused by the caller, with nothing written
     os.makedirs(tune_dir, exist_ok=True)
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:
@@ -152,15 +154,24 @@ def _finish(cfg, args, tune_dir: str, done, stop_code, not_started: int, profile
     if not_started:
         say(f"tune: {not_started} trial(s) not measured (budget); the same command measures them")
     if args.launch:
-        return _launch_winner(tune_dir, args)
+        return _launch_winner(tune_dir, args, line)
     return EXIT_OK
 
 
-def _launch_winner(tune_dir: str, args) -> int:
+def _launch_winner(tune_dir: str, args, line: str) -> int:
+    """The real run, recorded (job.json) as the launch line it is, so `llmtrain status` shows how to rerun it."""
+    import shlex
+    import sys
+
     from llmtrain.launch.config_probes import compose_here, validate_here
     from llmtrain.launch.run import launch
 
     cfg = compose_here(winner.launch_overrides(list(args.overrides)),
                        [*args.config_dir, winner.best_dir(tune_dir)])
     validate_here(cfg)
-    return launch(cfg)
+    saved = sys.argv
+    sys.argv = [saved[0] if saved else "llmtrain", *shlex.split(line)[1:]]
+    try:
+        return launch(cfg)
+    finally:
+        sys.argv = saved
