@@ -135,13 +135,13 @@ def test_shown_command_parses_composes_and_runs(page, command, stand_ins, monkey
         pytest.fail(f"{page}: `{command}`: give it a way to run here or a reason in skip_reason")
 
 
-@pytest.mark.parametrize("args", [[], ["launch"], ["config"], ["data"], ["data", "prepare"]])
+@pytest.mark.parametrize("args", [[], ["launch"], ["config"], ["tune"], ["data"], ["data", "prepare"]])
 def test_help(args, capsys):
     with pytest.raises(SystemExit) as exited:
         main([*args, "--help"])
     out = capsys.readouterr().out
     assert exited.value.code == 0 and "usage: llmtrain" in out
-    if args[:1] in (["launch"], ["config"]):
+    if args[:1] in (["launch"], ["config"], ["tune"]):
         assert "group=option" in out and "--config-dir" in out
 
 
