@@ -1,4 +1,5 @@
-"""The `llmtrain` command: launch, config, data prepare, and status / follow / cancel of a run directory's job."""
+"""The `llmtrain` command: launch, config, plan, tune, data prepare, and status / follow / cancel of a run
+directory's job."""
 
 from __future__ import annotations
 
@@ -113,6 +114,24 @@ def build_parser() -> argparse.ArgumentParser:
     from llmtrain.plan.cli import add_plan_arguments
 
     add_plan_arguments(plan)
+
+    tune = sub.add_parser("tune", formatter_class=fmt, epilog=OVERRIDE_HELP,
+                          help="measure the plan's fastest layouts in short trials, write the fastest as a config "
+                               "and calibrate the plan",
+                          description="Take `llmtrain plan`'s K fastest layouts (tp, pp, zero, schedule, "
+                                      "micro-batch, recompute) that fit the configured nodes and hardware, keep the "
+                                      "global batch, train each for S steps on the configured backend "
+                                      "(run.dir/<layout>; run.dir defaults to runs/<run.name>-tune) and print one "
+                                      "table: estimated and measured tokens/s, MFU, peak memory, their ratio and "
+                                      "whether it fit. The fastest is written as run.dir/best/parallel/tuned.yaml "
+                                      "with the `llmtrain launch` line that uses it; the measurements calibrate the "
+                                      "plan's step time for this hardware and model family "
+                                      "(LLMTRAIN_CACHE/calibration.json). The same command again reuses every "
+                                      "recorded trial. Ctrl-C keeps what was measured (exit 130).")
+    _add_compose_args(tune)
+    from llmtrain.tune.cli import add_tune_arguments
+
+    add_tune_arguments(tune)
 
     compare = sub.add_parser("compare", help="runs or a sweep side by side: one table sorted by best val loss, "
                                              "one PNG of every loss curve",
@@ -260,6 +279,10 @@ def main(argv: list[str] | None = None) -> int:
             from llmtrain.plan.cli import run_plan
 
             return run_plan(_compose(args), args)
+        if args.command == "tune":
+            from llmtrain.tune.cli import run_tune
+
+            return run_tune(_compose(args), args)
         if args.command == "report":
             from llmtrain.report.run_report import run_report
 

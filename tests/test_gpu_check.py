@@ -107,3 +107,15 @@ def test_dry_mode_runs_every_part_on_cpu(tmp_path):
     skipped = {t["apex"], t["fp8"]}  # apex needs CUDA; fp8 is a placeholder
     for title, (status, figures, log) in table.items():
         assert status == ("SKIP" if title in skipped else "PASS"), (title, status, figures, open(log).read()[-3000:])
+
+
+@pytest.mark.slow
+def test_dry_mode_tune_part_reports_the_winner_against_the_defaults(tmp_path):
+    out = tmp_path / "check"
+    result = run_check(out, "--parts", "tune")
+    assert result.returncode == 0, result.stderr
+    status, figures, log = rows(out)[titles()["tune"]]
+    assert status == "PASS", (figures, open(log).read()[-3000:])
+    assert figures.startswith("winner dp1-tp1-pp1-") and "; defaults (micro 2): " in figures
+    assert "calibrated from 3 trials on cpu, " in figures
+    assert len(list((out / "runs" / "tune" / "trials").glob("*.json"))) == 3

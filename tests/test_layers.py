@@ -22,7 +22,7 @@ LAYERS = [
     ("checkpoint", "plan"),
     ("train",),
     ("launch", "jobs", "worker"),
-    ("sweep",),
+    ("sweep", "tune"),
     ("report",),
     ("doctor",),
     ("cli", "__main__"),

@@ -46,6 +46,8 @@ def skip_reason(argv: list[str]) -> str | None:
         return "needs a run directory with a job or checkpoints: tests/test_jobs.py, test_report.py, test_checkpoint.py"
     if argv[:1] == ["doctor"]:
         return "starts a job on every node of the cluster: tests/test_doctor.py"
+    if argv[:1] == ["tune"]:
+        return "launches a trial per layout: tests/test_tune.py runs it"
     if argv[:2] == ["data", "prepare"]:
         return "tokenizes the page's own corpus: tests/test_data.py and test_data_formats.py run its options"
     if any(a.startswith("model.init_from=") for a in argv):
@@ -62,6 +64,10 @@ def stand_ins(tmp_path_factory):
     (home / "my-configs" / "model" / "my-gpt.yaml").write_text(
         "name: my-gpt\nn_layers: 2\nn_heads: 2\nd_model: 32\nvocab_size: 256\nseq_len: 32\n")
     (cwd / "hosts.txt").write_text("node1 slots=8\nnode2 slots=8\n")
+    for tuned in ("tunes/tiny", "tunes/gpt-1.3b"):  # what `llmtrain tune` writes for docs/tune.md's launch lines
+        (cwd / tuned / "best" / "parallel").mkdir(parents=True)
+        (cwd / tuned / "best" / "parallel" / "tuned.yaml").write_text(
+            "# @package _global_\nparallel:\n  zero: 2\nrecompute:\n  mode: selective\n")
     (cwd / "corpus").mkdir()
     # Enough tokens for one validation sequence of gpt-125m (2049 tokens in the last 5%).
     (cwd / "corpus" / "a.txt").write_text("hello llmtrain\n" * 3000)
@@ -129,13 +135,13 @@ def test_shown_command_parses_composes_and_runs(page, command, stand_ins, monkey
         pytest.fail(f"{page}: `{command}`: give it a way to run here or a reason in skip_reason")
 
 
-@pytest.mark.parametrize("args", [[], ["launch"], ["config"], ["data"], ["data", "prepare"]])
+@pytest.mark.parametrize("args", [[], ["launch"], ["config"], ["tune"], ["data"], ["data", "prepare"]])
 def test_help(args, capsys):
     with pytest.raises(SystemExit) as exited:
         main([*args, "--help"])
     out = capsys.readouterr().out
     assert exited.value.code == 0 and "usage: llmtrain" in out
-    if args[:1] in (["launch"], ["config"]):
+    if args[:1] in (["launch"], ["config"], ["tune"]):
         assert "group=option" in out and "--config-dir" in out
 
 

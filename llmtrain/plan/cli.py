@@ -8,9 +8,10 @@ import json
 from rich.console import Console
 
 from llmtrain.config import ConfigError, validate
-from llmtrain.console import fold_table, get_console
+from llmtrain.console import fold_table, get_console, plain
 from llmtrain.errors import EXIT_FAILED, EXIT_OK
 from llmtrain.hardware import profiles as hardware
+from llmtrain.plan import calibration
 from llmtrain.plan.estimate import build_plan
 
 
@@ -20,10 +21,15 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
                         help="rank the layouts (tp, pp, zero, recompute) that fit N_GPUS devices of GIB GiB")
 
 
-def plan_for(cfg, memory_gib: float | None = None):
+def plan_for(cfg, memory_gib: float | None = None, calibrated: bool = True):
+    """The plan of `cfg`; its step time with the factors `llmtrain tune` fitted for this hardware profile and model
+    family when there are any (calibrated=False: the profile's assumptions)."""
     hw = hardware.resolve(cfg.hardware, cfg.precision.compute_dtype, hardware.load_profile)
     if hw["peak_tflops"] is None:  # a plan's step time needs a peak (training only goes without MFU)
         raise ConfigError("hardware", hardware.missing_peak(hw, cfg.precision.compute_dtype))
+    found = calibration.lookup(hw["name"], calibration.family(cfg.model)) if calibrated else None
+    if found is not None:
+        hw = {**hw, "efficiency": found.efficiency, "comm_factor": found.comm_factor, "calibration": found.line()}
     memory = memory_gib if memory_gib is not None else hw["memory_gib"]
     return build_plan(cfg, hw["peak_tflops"] * 1e12, memory * 2**30 if memory else None, hw)
 
@@ -74,12 +80,15 @@ def render(plan, console: Console) -> None:
         console.print(f"note: {note}", highlight=False)
 
 
-def candidates(cfg, n_gpus: int):
-    """Layouts for n_gpus devices: tp within a node (<= 8), pp dividing the layers, every zero and recompute."""
-    per_node = min(8, n_gpus)
+def candidates(cfg, n_gpus: int, per_node: int | None = None):
+    """Layouts for n_gpus devices, per_node of them on each node (default: up to 8): tp within a node, pp dividing
+    the layers, every zero and recompute."""
+    per_node = per_node or min(8, n_gpus)
     if n_gpus % per_node:
         return
     for tp in (1, 2, 4, 8):
+        if tp > per_node:
+            continue
         for pp in range(1, cfg.model.n_layers + 1):
             if tp * pp > n_gpus or n_gpus % (tp * pp) or cfg.model.n_layers % pp:
                 continue
@@ -119,6 +128,8 @@ def suggest(cfg, n_gpus: int, gib: float, console: Console, as_json: bool) -> in
                       _gib(p.peak_bytes_per_rank), f"{p.tokens_per_s:,.0f}", f"{p.mfu:.1%}")
     console.print(table if fitting else f"no layout of {n_gpus} devices fits in {gib:g} GiB per device; try "
                                         "more devices, a smaller train.micro_batch_size or a shorter model.seq_len")
+    if fitting and fitting[0].hardware.get("calibration"):
+        plain(f"step times {fitting[0].hardware['calibration']}", console=console)
     return EXIT_OK if fitting else EXIT_FAILED
 
 

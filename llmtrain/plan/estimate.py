@@ -59,6 +59,8 @@ class Plan:
     hardware: dict
     fits: bool
     notes: list[str]
+    compute_s: float = 0.0  # of step_time_s: the FLOPs at the assumed efficiency, pipeline bubble included
+    exposed_comm_s: float = 0.0  # of step_time_s: the communication not hidden behind compute
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -318,6 +320,7 @@ def build_plan(cfg, peak_flops: float, memory_bytes: float | None, hw: dict) -> 
     dp_bw = inter if cfg.cluster.nnodes > 1 else intra
     # TP and PP transfers sit on the critical path; DP overlaps with backward except ~1/L of it.
     exposed = comm["tp"] / tp_bw + comm["pp"] / tp_bw + comm["dp"] / dp_bw / max(1, cfg.model.n_layers)
+    exposed *= hw.get("comm_factor", 1.0)  # 1 unless `llmtrain tune` measured otherwise (plan/calibration.py)
     step = compute_s / (1 - bubble) + exposed
     tps = tokens / step
     mfu = fpt * tps / (peak_flops * world)
@@ -328,8 +331,12 @@ def build_plan(cfg, peak_flops: float, memory_bytes: float | None, hw: dict) -> 
         notes.append("memory: CUDA autocast model (fp32 residual stream, cast copies of inputs and weights, the "
                      "loss's fp32 tensors); peak = the largest of forward end, loss backward, blocks' backward and "
                      "optimizer step")
-    notes.append(f"step time assumes matmuls at {hw['efficiency']:.0%} of peak, TP/PP transfers exposed, "
-                 "DP overlapped with backward")
+    if hw.get("calibration"):
+        notes.append(f"step time {hw['calibration']}: matmuls at {hw['efficiency']:.1%} of peak, "
+                     f"{hw['comm_factor']:.2f}x the exposed communication of the uncalibrated estimate")
+    else:
+        notes.append(f"step time assumes matmuls at {hw['efficiency']:.0%} of peak, TP/PP transfers exposed, "
+                     "DP overlapped with backward")
     if float8_fpt:
         notes.append(f"fp8: the blocks' float8 matmuls ({float8_fpt / fpt:.0%} of the FLOPs) at the float8 peak "
                      f"({float8_peak:,.0f} TFLOPS), the rest at the {cfg.precision.compute_dtype} peak; float8 "
@@ -342,5 +349,6 @@ def build_plan(cfg, peak_flops: float, memory_bytes: float | None, hw: dict) -> 
                       "sequence_parallel": p.sequence_parallel},
                 micro_batches=micro, stages=stages, heaviest_stage=heaviest, peak_bytes_per_rank=peak,
                 bubble_fraction=bubble, comm_bytes_per_step=comm, step_time_s=step, tokens_per_s=tps,
-                mfu=mfu, hardware=hw, fits=fits, notes=notes)
+                mfu=mfu, hardware=hw, fits=fits, notes=notes, compute_s=compute_s / (1 - bubble),
+                exposed_comm_s=exposed)
 

@@ -55,7 +55,7 @@ def _run_all(plan: SweepPlan, fail_fast: bool) -> tuple[list[Outcome], int | Non
     outcomes: list[Outcome] = []
     for number, run in enumerate(plan.runs, 1):
         try:
-            outcome = _run_one(plan, run, number)
+            outcome = run_one(plan, run, number)
         except KeyboardInterrupt:  # between runs, or before this run's job started
             outcome = Outcome(run, STOPPED, code=EXIT_INTERRUPTED)
         except PreemptRequest:
@@ -71,7 +71,7 @@ def _run_all(plan: SweepPlan, fail_fast: bool) -> tuple[list[Outcome], int | Non
     return outcomes, None
 
 
-def _run_one(plan: SweepPlan, run: SweepRun, number: int) -> Outcome:
+def run_one(plan: SweepPlan, run: SweepRun, number: int) -> Outcome:
     skip = skip_reason(run.cfg)
     if skip:
         state, why = skip

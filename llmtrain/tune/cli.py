@@ -1,0 +1,171 @@
+"""`llmtrain tune [OVERRIDES...] [--top K] [--steps S] [--budget-min M] [--launch]`: the plan's K fastest layouts
+that fit, each trained S steps as a trial on the configured backend (TUNE_DIR/<layout>; TUNE_DIR is run.dir when
+given, else runs/<run.name>-tune), one table of estimate against measurement, the measured fastest written as
+TUNE_DIR/best/parallel/tuned.yaml with the command that launches it, and the measurements fitted into the plan's
+step time (plan/calibration.py). The same command again reuses every recorded trial and launches none."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+from llmtrain.rundir.atomic import atomic_write_json
+from llmtrain.config.errors import ConfigError
+from llmtrain.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
+from llmtrain.console import get_console, say
+from llmtrain.sweep import record
+from llmtrain.sweep.plan import SweepPlan
+from llmtrain.tune import candidates, table, trials, winner
+from llmtrain.tune.calibration import learn, uncalibrated_parts
+
+SELECTION_FILE = "tune.json"
+
+
+def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--top", type=int, default=4, metavar="K", help="layouts to measure (default 4)")
+    parser.add_argument("--steps", type=int, default=20, metavar="S",
+                        help="training steps per trial (default 20); the first 3 (1 below 8 steps) are warm-up")
+    parser.add_argument("--budget-min", type=float, default=None, metavar="M",
+                        help="start no trial that would end past M minutes (estimated from the trials so far)")
+    parser.add_argument("--launch", action="store_true", help="then launch the real run with the fastest layout")
+
+
+def run_tune(cfg, args) -> int:
+    if args.top < 1:
+        raise ConfigError("--top", f"must be at least 1 (got {args.top})")
+    if args.steps < 2:
+        raise ConfigError("--steps", f"must be at least 2: the first step is warm-up (got {args.steps})")
+    if args.budget_min is not None and args.budget_min <= 0:
+        raise ConfigError("--budget-min", f"must be positive (got {args.budget_min:g})")
+    tune_dir = _tune_dir(cfg, args.overrides)
+    chosen = _selection(cfg, args, tune_dir)
+    if not chosen:
+        n = cfg.cluster.nnodes * cfg.cluster.nproc_per_node
+        raise ConfigError("hardware.memory_gib", f"no layout of {n} devices fits the device memory; try more "
+                                                 "devices, a smaller train.micro_batch_size or model.seq_len")
+    runs = [trials.sweep_run(tune_dir, i, r, list(args.overrides), args.steps) for i, r in enumerate(chosen)]
+    for run in runs:
+        if run.cfg.cluster.name == "slurm":
+            run.cfg.cluster.follow = True  # a trial is measured after it ends, one at a time
+    earlier = record.read(tune_dir) or {}
+    plan = SweepPlan(tune_dir, list(args.overrides), list(args.config_dir), runs, earlier.get("runs", []))
+    record.write(plan)
+    hw = chosen[0].plan.hardware
+    say(f"tune {plan.name}: {len(chosen)} layout(s) of {cfg.model.name} on {cfg.cluster.nnodes}x"
+        f"{cfg.cluster.nproc_per_node} {hw['name']} device(s), {args.steps} steps each, in {tune_dir}")
+    done, stop_code, not_started = _run_trials(plan, chosen, args)
+    return _finish(cfg, args, tune_dir, done, stop_code, not_started, hw["name"])
+
+
+def _tune_dir(cfg, overrides) -> str:
+    given = any(o.split("=", 1)[0].lstrip("+~") == "run.dir" for o in overrides)
+    return os.path.abspath(cfg.run.dir if given else f"{cfg.run.dir}-tune")
+
+
+def _selection(cfg, args, tune_dir: str) -> list[candidates.Ranked]:
+    """The plan's top K; the layouts an earlier run of the same command chose, when there is one (its measurements
+    have moved the estimates since, which must not change the trials)."""
+    ranking = candidates.ranked(cfg)
+    key = {"overrides": list(args.overrides), "config_dirs": list(args.config_dir), "top": args.top,
+           "steps": args.steps}
+    path = os.path.join(tune_dir, SELECTION_FILE)
+    try:
+        with open(path) as f:
+            saved = json.load(f)
+    except (OSError, ValueError):
+        saved = {}
+    by_name = {r.layout.name: r for r in ranking}
+    if {k: saved.get(k) for k in key} == key and all(name in by_name for name in saved.get("layouts", [])):
+        return [by_name[name] for name in saved["layouts"]]
+    chosen = candidates.top(ranking, args.top)
+    if not chosen:
+        return chosen  # refused by the caller, with nothing written
+    os.makedirs(tune_dir, exist_ok=True)
+    atomic_write_json(path, {**key, "layouts": [r.layout.name for r in chosen]}, indent=1)
+    return chosen
+
+
+def _run_trials(plan: SweepPlan, chosen, args) -> tuple[list[trials.Trial], int | None, int]:
+    """(the trials recorded or run, the code that stopped the tune early, trials left unstarted by the budget)."""
+    done: list[trials.Trial] = []
+    start, launched_walls = time.monotonic(), []
+    for number, (run, ranked) in enumerate(zip(plan.runs, chosen), 1):
+        recorded = trials.read_result(plan.dir, ranked.layout.name, ranked.layout.overrides)
+        if recorded is not None:
+            say(f"tune: reusing trial {recorded.layout}: {table.fit_cell(recorded)} (recorded in "
+                f"{trials.result_path(plan.dir, recorded.layout)})")
+            done.append(recorded)
+            continue
+        if args.budget_min is not None and launched_walls:
+            spent = max(time.monotonic() - start, sum(launched_walls))
+            expected = spent + sum(launched_walls) / len(launched_walls)
+            if expected > args.budget_min * 60:
+                left = len(plan.runs) - number + 1
+                say(f"tune: budget of {args.budget_min:g} min: not starting {left} trial(s) (each takes "
+                    f"~{sum(launched_walls) / len(launched_walls):.0f} s)")
+                return done, None, left
+        trial = trials.new_trial(ranked, uncalibrated_parts(ranked.layout.cfg))
+        try:
+            trial, code = trials.run_trial(plan, run, number, trial, ranked, args.steps)
+        except KeyboardInterrupt:  # between trials, or before this trial's job started
+            return done, EXIT_INTERRUPTED, 0
+        if code is not None:  # stopped (Ctrl-C, preemption): this trial measured nothing worth keeping
+            return done, code, 0
+        trials.write_result(plan.dir, trial)
+        done.append(trial)
+        if trial.wall_s:
+            launched_walls.append(trial.wall_s)
+        if trial.fit != trials.OK:
+            say(f"tune: trial {trial.layout}: {table.fit_cell(trial)}; going on with the next one")
+    return done, None, 0
+
+
+def _finish(cfg, args, tune_dir: str, done, stop_code, not_started: int, profile: str) -> int:
+    console = get_console()
+    best = table.fastest(done)
+    title = (f"tune {os.path.basename(tune_dir)}: {cfg.model.name}, global batch {cfg.train.global_batch_size}, "
+             f"{args.steps} steps per trial (median tokens/s after the first {trials.warmup_steps(args.steps)})")
+    if done:
+        table.render(done, title, console)
+    calibration = learn(cfg, profile, done)
+    if calibration is not None:
+        say(f"tune: the plan is now {calibration.line()} (efficiency {calibration.efficiency:.1%}, comm factor "
+            f"{calibration.comm_factor:.2f})")
+    if stop_code is not None:
+        say("tune: stopped; the same command goes on from the recorded trials")
+        return stop_code
+    if best is None:
+        say("tune: no trial was measured; nothing to launch")
+        return EXIT_FAILED
+    line = winner.launch_line(tune_dir, list(args.config_dir), list(args.overrides))
+    path = winner.write(tune_dir, best.overrides, cfg.train.global_batch_size, line,
+                        f"{best.layout}, {best.tokens_per_s:,.0f} tokens/s measured")
+    say(f"tune: fastest measured: {best.layout} ({best.tokens_per_s:,.0f} tokens/s"
+        + (f", MFU {best.mfu:.2%}" if best.mfu is not None else "") + f"); written to {path}")
+    say(f"tune: launch it with: {line}")
+    if not_started:
+        say(f"tune: {not_started} trial(s) not measured (budget); the same command measures them")
+    if args.launch:
+        return _launch_winner(tune_dir, args, line)
+    return EXIT_OK
+
+
+def _launch_winner(tune_dir: str, args, line: str) -> int:
+    """The real run, recorded (job.json) as the launch line it is, so `llmtrain status` shows how to rerun it."""
+    import shlex
+    import sys
+
+    from llmtrain.launch.config_probes import compose_here, validate_here
+    from llmtrain.launch.run import launch
+
+    cfg = compose_here(winner.launch_overrides(list(args.overrides)),
+                       [*args.config_dir, winner.best_dir(tune_dir)])
+    validate_here(cfg)
+    saved = sys.argv
+    sys.argv = [saved[0] if saved else "llmtrain", *shlex.split(line)[1:]]
+    try:
+        return launch(cfg)
+    finally:
+        sys.argv = saved
