@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from llmtrain.checkpoint.resume import Resolution
     from llmtrain.config import load_run_config
-    from llmtrain.jobs.record import newest_launch
+    from llmtrain.launch.launch_record import newest_launch
     from llmtrain.launch.config_probes import validate_here
     from llmtrain.train.preemption import Preempted
     from llmtrain.train.device import resolve_device

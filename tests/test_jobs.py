@@ -18,7 +18,7 @@ from conftest import SMALL, read_rows, run_cli, wait_for
 
 from llmtrain.cli import main
 from llmtrain.config import compose_config, to_yaml
-from llmtrain.jobs.record import LaunchRecord, launch_overrides, read_launches
+from llmtrain.launch.launch_record import LaunchRecord, launch_overrides, read_launches
 from llmtrain.launch.backends.ssh import SSHBackend
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from llmtrain.rundir.job_record import read_launches
 from llmtrain.jobs.slurm_query import SlurmJob, query
-from llmtrain.launch.supervision.failures import errored_ranks, rank_statuses
+from llmtrain.launch.supervision.failures import errored_ranks, rank_statuses, stopped_short
 from llmtrain.launch.supervision.placement import describe_rank
 from llmtrain.launch.run_lock import holder_gone
 from llmtrain.rundir.paths import RunPaths
@@ -135,20 +135,6 @@ def _ended(run_dir: str, launch: dict, slurm: SlurmJob | None) -> tuple[str, str
     if launch and launch.get("exit_code") is None and launch.get("ended"):
         return FAILED, "the launcher stopped with an error before the job ran"
     return FAILED, "no rank recorded how it ended (see logs/)"
-
-
-def stopped_short(statuses: dict[int, dict]) -> str | None:
-    """Why ranks that all ended well stopped before train.max_steps (train.stop_at_step), in words; None when they
-    reached it (or their statuses predate the step being recorded)."""
-    steps = [s.get("step") for s in statuses.values()]
-    goals = [s.get("max_steps") for s in statuses.values()]
-    if not steps or not all(isinstance(v, int) for v in steps + goals):
-        return None
-    step, goal = max(steps), max(goals)
-    if step >= goal:
-        return None
-    return (f"stopped at step {step} (train.stop_at_step); {goal - step} steps left; the same command continues "
-            "with a later train.stop_at_step, or without it")
 
 
 def _preempted_reason(preempted: dict[int, dict]) -> str:

@@ -16,12 +16,12 @@ from llmtrain.config import to_yaml
 from llmtrain.config.errors import ConfigError
 from llmtrain.console import fold_table, get_console, plain, say
 from llmtrain.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED, LlmtrainError
-from llmtrain.jobs.record import LaunchRecord
-from llmtrain.jobs.job_state import stopped_short
+from llmtrain.launch.launch_record import LaunchRecord
+
 from llmtrain.launch import run_identity
 from llmtrain.launch.supervision import stopping
 from llmtrain.launch.backends.registry import get_backend
-from llmtrain.launch.supervision.failures import rank_statuses
+from llmtrain.launch.supervision.failures import rank_statuses, stopped_short
 from llmtrain.launch.container import default_python_note
 from llmtrain.launch.supervision.monitor import Monitor, RendezvousTimeout
 from llmtrain.launch.run_lock import RunDirLock

@@ -1,5 +1,5 @@
 """RUN_DIR/job.json: {"launches": [entry, ...]}, one entry per launch into the run directory, oldest first
-(written by llmtrain.jobs.record, read by `llmtrain status`). The file is rewritten whole and atomically."""
+(written by llmtrain.launch.launch_record, read by `llmtrain status`). The file is rewritten whole and atomically."""
 
 from __future__ import annotations
 

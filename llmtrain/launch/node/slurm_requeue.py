@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from omegaconf import OmegaConf
 
 from llmtrain.checkpoint.store import latest_complete
-from llmtrain.jobs.record import note_job
+from llmtrain.launch.launch_record import note_job
 from llmtrain.launch.node.requeue_policy import (breaker_reason, exclusion, note_end, note_start, split_hosts,
                                                  too_few_left)
 from llmtrain.launch.node.start_culprits import Culprit, setup_culprit, start_culprit

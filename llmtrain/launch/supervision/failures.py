@@ -243,3 +243,17 @@ def _print_tail(console: Console, log: str, stand_ins: list[tuple[str, str]]) ->
         plain(f"  (its log is empty{note})", console=console)
     for line in lines:
         plain(f"  {line}", console=console)
+
+
+def stopped_short(statuses: dict[int, dict]) -> str | None:
+    """Why ranks that all ended well stopped before train.max_steps (train.stop_at_step), in words; None when they
+    reached it (or their statuses predate the step being recorded)."""
+    steps = [s.get("step") for s in statuses.values()]
+    goals = [s.get("max_steps") for s in statuses.values()]
+    if not steps or not all(isinstance(v, int) for v in steps + goals):
+        return None
+    step, goal = max(steps), max(goals)
+    if step >= goal:
+        return None
+    return (f"stopped at step {step} (train.stop_at_step); {goal - step} steps left; the same command continues "
+            "with a later train.stop_at_step, or without it")
