@@ -23,6 +23,7 @@ from llmtrain.launch.supervision import stopping
 from llmtrain.launch.backends.registry import get_backend
 from llmtrain.launch.supervision.failures import rank_statuses
 from llmtrain.launch.container import default_python_note
+from llmtrain.launch.supervision.hang_report import HangDetected
 from llmtrain.launch.supervision.monitor import Monitor, RendezvousTimeout
 from llmtrain.launch.run_lock import RunDirLock
 from llmtrain.parallel.layout import ParallelDims
@@ -205,7 +206,7 @@ def _run(cfg: DictConfig, backend, console) -> int:
     record = LaunchRecord.start(cfg, backend)
     code = None
     try:
-        code = _start_and_follow(cfg, backend, console)
+        code = _start_and_follow(cfg, backend, console, record)
         return code
     finally:
         record.ended(code, getattr(backend, "job_id", None))
@@ -218,14 +219,15 @@ def start_line(run_dir: str, dims: ParallelDims, nnodes: int, hosts: list[str], 
             f"on {nnodes} node(s){on}, backend {backend_name}")
 
 
-def _start_and_follow(cfg: DictConfig, backend, console) -> int:
+def _start_and_follow(cfg: DictConfig, backend, console, record: LaunchRecord) -> int:
     run_dir = cfg.run.dir
     dims = ParallelDims.from_config(cfg)
     console.print(start_line(run_dir, dims, cfg.cluster.nnodes, backend.host_names(), backend.name), markup=False,
                   highlight=False, soft_wrap=True)
     monitor = Monitor(run_dir, cfg.train.max_steps, console, nnodes=cfg.cluster.nnodes,
                       max_restarts=cfg.launch.max_restarts, rendezvous_timeout_s=cfg.launch.rendezvous_timeout_s,
-                      nproc_per_node=cfg.cluster.nproc_per_node, combined_log=backend.owns_processes)
+                      nproc_per_node=cfg.cluster.nproc_per_node, combined_log=backend.owns_processes,
+                      hang_timeout_s=cfg.launch.hang_timeout_s)
     try:
         code = backend.run(monitor)
     except KeyboardInterrupt:
@@ -234,6 +236,10 @@ def _start_and_follow(cfg: DictConfig, backend, console) -> int:
         return EXIT_INTERRUPTED
     except PreemptRequest as e:
         return preempt(backend, monitor, cfg, str(e))
+    except HangDetected as e:  # the verdict is said and written: stop as for any failure
+        record.entry["hang"] = str(e)
+        stopping.stop_job(backend, run_dir, console)
+        return EXIT_FAILED
     except RendezvousTimeout as e:  # no worker ever started: say where it waited, then stop
         console.print(f"llmtrain: {e}", markup=False, highlight=False, soft_wrap=True)
         stopping.stop_job(backend, run_dir, console)

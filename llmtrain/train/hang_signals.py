@@ -1,0 +1,53 @@
+"""Evidence a rank gives when the launcher suspects a hang: SIGUSR2 (SIGTERM and SIGUSR1 mean preemption).
+
+faulthandler writes every thread's Python stack from inside the signal handler, so it works even while the main
+thread waits in a collective or in C code. Python's own handler cannot run then (it waits for the main thread), so
+the signal's byte also goes to a wakeup pipe read by a small thread, which copies the stacks and writes the
+collective trace into the evidence folder the launcher named (RUN_DIR/hangs/request).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import shutil
+import signal
+import threading
+
+from llmtrain.rundir.hang_files import requested_folder, write_json
+from llmtrain.train.collective_trace import CollectiveTrace
+
+DUMP_SIGNAL = signal.SIGUSR2
+
+
+def install(run_dir: str, rank: int, trace: CollectiveTrace) -> None:
+    """Call from the main thread, before the process group starts its threads."""
+    stacks_path = os.path.join(run_dir, "logs", f"rank{rank}.stacks")
+    stacks = open(stacks_path, "w+")  # kept open: faulthandler writes to its fd from the signal handler
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)  # set_wakeup_fd requires it; a full pipe only drops a byte
+    signal.signal(DUMP_SIGNAL, lambda *_: None)
+    signal.set_wakeup_fd(write_end)
+    # chain: after the stacks, the Python handler above runs, which is what writes the byte to the pipe.
+    faulthandler.register(DUMP_SIGNAL, file=stacks, all_threads=True, chain=True)
+
+    def serve() -> None:
+        while True:
+            for byte in os.read(read_end, 64):
+                if byte == DUMP_SIGNAL:
+                    _dump(run_dir, rank, stacks, trace)
+
+    threading.Thread(target=serve, name="llmtrain-hang-evidence", daemon=True).start()
+
+
+def _dump(run_dir: str, rank: int, stacks, trace: CollectiveTrace) -> None:
+    folder = requested_folder(run_dir)
+    if folder is None or not os.path.isdir(folder):
+        return
+    stacks.flush()
+    stacks.seek(0)
+    with open(os.path.join(folder, f"rank{rank}.stacks.txt"), "w") as out:
+        shutil.copyfileobj(stacks, out)
+    stacks.seek(0)
+    stacks.truncate()  # the next dump starts from an empty file
+    write_json(os.path.join(folder, f"rank{rank}.collectives.json"), {"rank": rank, **trace.snapshot()})
