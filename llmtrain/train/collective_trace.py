@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
+import sys
 import threading
 import time
 
@@ -19,14 +21,16 @@ import torch.distributed as dist
 TRACED = ("all_reduce", "broadcast", "barrier", "all_gather", "all_gather_into_tensor", "reduce_scatter_tensor",
           "reduce_scatter", "all_to_all_single", "all_gather_object", "broadcast_object_list", "reduce", "gather",
           "scatter")
+# Ops kept per group with their call sites: a rank that skipped one is told apart by where it entered the next.
+RECENT = 16
 
 
 class CollectiveTrace:
     def __init__(self):
         self.names: dict = {}  # process group -> its name in the record ("dp", "tp", "pp", "world")
-        # name -> {"op", "seq", "done", "ranks", "entered_at"}: the last op entered, its number on the group, the
-        # number of the last one completed, the group's global ranks, and when (time.time(): the launcher finds
-        # the collective that has waited longest)
+        # name -> {"op", "seq", "done", "ranks", "entered_at", "site", "recent"}: the last op entered, its number
+        # on the group, the number of the last one completed, the group's global ranks, when (time.time(): the
+        # launcher finds the collective that has waited longest), where from, and the last RECENT [seq, op, site]
         self.groups: dict[str, dict] = {}
         self.last: str | None = None  # the group of the collective entered last
         self.lock = threading.Lock()  # the dump thread reads while the main thread writes
@@ -41,7 +45,7 @@ class CollectiveTrace:
                 "ranks " + ",".join(map(str, dist.get_process_group_ranks(group)))
         return self.names[group]
 
-    def entered(self, op: str, group, async_op: bool) -> tuple[str, int]:
+    def entered(self, op: str, group, async_op: bool, site: str = "") -> tuple[str, int]:
         name = self._group_name(group)
         with self.lock:
             entry = self.groups.get(name)
@@ -51,8 +55,10 @@ class CollectiveTrace:
                                              "ranks": dist.get_process_group_ranks(real)}
             if entry.get("async"):
                 entry["done"] = entry["seq"]
-            entry.update(op=op, seq=entry["seq"] + 1, entered_at=time.time())
+            entry.update(op=op, seq=entry["seq"] + 1, entered_at=time.time(), site=site)
             entry["async"] = async_op
+            entry.setdefault("recent", []).append([entry["seq"], op, site])
+            del entry["recent"][:-RECENT]
             self.last = name
             return name, entry["seq"]
 
@@ -63,7 +69,8 @@ class CollectiveTrace:
 
     def snapshot(self) -> dict:
         with self.lock:
-            return {"groups": {k: dict(v) for k, v in self.groups.items()}, "last": self.last}
+            return {"groups": {k: dict(v, recent=list(v.get("recent", []))) for k, v in self.groups.items()},
+                    "last": self.last}
 
 
 TRACE = CollectiveTrace()
@@ -76,7 +83,9 @@ def _traced(op: str, fn):
     def wrapper(*args, **kwargs):
         bound = signature.bind_partial(*args, **kwargs).arguments
         async_op = bool(bound.get("async_op", False))
-        name, seq = TRACE.entered(op, bound.get("group"), async_op)
+        caller = sys._getframe(1)
+        site = f"{caller.f_code.co_name} ({os.path.basename(caller.f_code.co_filename)}:{caller.f_lineno})"
+        name, seq = TRACE.entered(op, bound.get("group"), async_op, site)
         result = fn(*args, **kwargs)
         if not async_op:
             TRACE.completed(name, seq)

@@ -1,8 +1,10 @@
 """The one-line hang verdict, from the evidence alone (pure functions, no files).
 
 The collective that has waited longest is where the job stopped: the members of its group whose sequence number
-on that group is behind it never entered it (the culprits); the ranks in it wait for them. Each culprit's main
-thread stack says what it does instead.
+on that group is behind it never entered it (the culprits); the ranks in it wait for them. A rank that skipped an
+op and entered the next one on the same group has the same number, but another call site: the op that came after
+the previous one in the ranks' recent history is the expected one. Each culprit's main thread stack says what it
+does instead.
 """
 
 from __future__ import annotations
@@ -90,13 +92,13 @@ def _doing(rank: int, records: dict[int, dict], stacks: dict[int, str], states: 
         state = states.get(rank)
         return f"rank {rank} did not answer the stack request" + (f" (process {state})" if state else "")
     frames = main_thread_frames(stacks.get(rank, ""))
-    what = classify(frames)
-    if what == IN_COLLECTIVE:
-        mine = [p for p in _pending({rank: records[rank]})]
-        if mine:
-            _, group, seq, op, _ = mine[-1]
-            what = f"waits in {op} #{seq} on the {group} group"
-    return f"rank {rank} is {what}" + (f" (stack: {stack_summary(frames)})" if frames else "")
+    what = f"is {classify(frames)}"
+    mine = _pending({rank: records[rank]})
+    if what == f"is {IN_COLLECTIVE}" and mine:
+        _, group, seq, op, _ = mine[-1]
+        site = records[rank]["groups"][group].get("site")
+        what = f"waits in {op} #{seq} on the {group} group" + (f" (from {site})" if site else "")
+    return f"rank {rank} {what}" + (f" (stack: {stack_summary(frames)})" if frames else "")
 
 
 def verdict(records: dict[int, dict], stacks: dict[int, str], world_size: int,
@@ -117,9 +119,35 @@ def verdict(records: dict[int, dict], stacks: dict[int, str], world_size: int,
     behind = [r for r in members if r not in records or records[r].get("groups", {}).get(group, {}).get("seq", 0) < seq]
     where = f"{op} #{seq} on the {group} group"
     if not behind:
-        return (f"{_ranks(waiting)} wait in {where}, which every member entered (a transport or device problem, "
-                "not a rank that stayed behind)")
+        expected = _expected(records, group, seq, waiting)
+        if expected is None:
+            return (f"{_ranks(waiting)} wait in {where}, which every member entered (a transport or device "
+                    "problem, not a rank that stayed behind)")
+        op, site = expected
+        where = f"{op} #{seq} on the {group} group (from {site})"
+        behind = [r for r in waiting if records[r]["groups"][group].get("site") != site]
+        waiting = [r for r in waiting if r not in behind]
     first = describe(behind[0])
     who = first if len(behind) == 1 else f"{first} and {_ranks(behind[1:])}"
     doing = "; ".join(_doing(r, records, stacks, states) for r in behind)
     return f"{who} never entered {where}; {_ranks(waiting)} {'waits' if len(waiting) == 1 else 'wait'} in it; {doing}"
+
+
+def _expected(records: dict[int, dict], group: str, seq: int, ranks: list[int]) -> tuple[str, str] | None:
+    """(op, site) the ranks should all be in as #seq on group, when they are in ops from different call sites:
+    the op that followed the same run of call sites (the longest of up to 3 that recurs) earlier in a rank's
+    recent history. None when they agree or the history does not tell."""
+    entries = {r: records[r]["groups"][group] for r in ranks}
+    if len({e.get("site") for e in entries.values()}) < 2:
+        return None
+    for e in entries.values():
+        recent = [tuple(x) for x in e.get("recent", []) if x[0] < seq]  # [seq, op, site], ascending
+        sites = [x[2] for x in recent]
+        for k in (3, 2, 1):
+            if len(sites) <= k:
+                continue
+            context = sites[-k:]
+            for j in range(len(sites) - 1, k - 1, -1):
+                if sites[j - k:j] == context:
+                    return recent[j][1], recent[j][2]
+    return None
