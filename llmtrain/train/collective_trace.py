@@ -9,6 +9,7 @@ small dict in memory; it is written out only when the launcher asks for evidence
 
 from __future__ import annotations
 
+import collections
 import functools
 import inspect
 import os
@@ -22,7 +23,7 @@ TRACED = ("all_reduce", "broadcast", "barrier", "all_gather", "all_gather_into_t
           "reduce_scatter", "all_to_all_single", "all_gather_object", "broadcast_object_list", "reduce", "gather",
           "scatter")
 # Ops kept per group with their call sites: a rank that skipped one is told apart by where it entered the next.
-RECENT = 16
+RECENT = 256  # a step's worth on most models: FSDP issues a few ops per layer
 
 
 class CollectiveTrace:
@@ -57,8 +58,7 @@ class CollectiveTrace:
                 entry["done"] = entry["seq"]
             entry.update(op=op, seq=entry["seq"] + 1, entered_at=time.time(), site=site)
             entry["async"] = async_op
-            entry.setdefault("recent", []).append([entry["seq"], op, site])
-            del entry["recent"][:-RECENT]
+            entry.setdefault("recent", collections.deque(maxlen=RECENT)).append([entry["seq"], op, site])
             self.last = name
             return name, entry["seq"]
 

@@ -59,9 +59,14 @@ def classify(frames: list[tuple[str, int, str]], source: Callable[[str, int], st
     return UNKNOWN
 
 
+# Wrappers between a collective and its caller, which say nothing about where the rank is.
+_WRAPPERS = ("/torch/distributed/c10d_logger.py", "/llmtrain/train/collective_trace.py")
+
+
 def stack_summary(frames: list[tuple[str, int, str]], depth: int = 3) -> str:
-    """The innermost frames as `func (file:line) < caller (...)`."""
-    return " < ".join(f"{func} ({f.rsplit('/', 1)[-1]}:{line})" for f, line, func in frames[:depth])
+    """The innermost frames, wrappers left out, as `func (file:line) < caller (...)`."""
+    shown = [(f, line, func) for f, line, func in frames if not f.endswith(_WRAPPERS)][:depth]
+    return " < ".join(f"{func} ({f.rsplit('/', 1)[-1]}:{line})" for f, line, func in shown)
 
 
 def _ranks(ranks: list[int]) -> str:
@@ -127,6 +132,8 @@ def verdict(records: dict[int, dict], stacks: dict[int, str], world_size: int,
         where = f"{op} #{seq} on the {group} group (from {site})"
         behind = [r for r in waiting if records[r]["groups"][group].get("site") != site]
         waiting = [r for r in waiting if r not in behind]
+        if not waiting:
+            return f"ranks disagree on {where}: " + "; ".join(_doing(r, records, stacks, states) for r in behind)
     first = describe(behind[0])
     who = first if len(behind) == 1 else f"{first} and {_ranks(behind[1:])}"
     doing = "; ".join(_doing(r, records, stacks, states) for r in behind)
@@ -135,17 +142,15 @@ def verdict(records: dict[int, dict], stacks: dict[int, str], world_size: int,
 
 def _expected(records: dict[int, dict], group: str, seq: int, ranks: list[int]) -> tuple[str, str] | None:
     """(op, site) the ranks should all be in as #seq on group, when they are in ops from different call sites:
-    the op that followed the same run of call sites (the longest of up to 3 that recurs) earlier in a rank's
-    recent history. None when they agree or the history does not tell."""
+    what followed, earlier in a rank's recent history, the longest run of call sites that ends its history (the
+    ops of a step repeat every step). None when they agree or the history does not tell."""
     entries = {r: records[r]["groups"][group] for r in ranks}
     if len({e.get("site") for e in entries.values()}) < 2:
         return None
     for e in entries.values():
         recent = [tuple(x) for x in e.get("recent", []) if x[0] < seq]  # [seq, op, site], ascending
         sites = [x[2] for x in recent]
-        for k in (3, 2, 1):
-            if len(sites) <= k:
-                continue
+        for k in range(len(sites) - 1, 0, -1):
             context = sites[-k:]
             for j in range(len(sites) - 1, k - 1, -1):
                 if sites[j - k:j] == context:
