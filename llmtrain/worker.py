@@ -88,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except BaseException as e:  # noqa: BLE001 - every way out is recorded for the launcher
         traceback.print_exc()
+        hang_signals.write_exit_trace(run_dir, rank, collective_trace.TRACE)
         _write_status(status_path, "error", f"{type(e).__name__}: {e}")
         sys.stdout.flush()
         sys.stderr.flush()

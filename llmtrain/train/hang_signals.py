@@ -8,6 +8,7 @@ collective trace into the evidence folder the launcher named (RUN_DIR/hangs/requ
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import os
 import shutil
@@ -22,6 +23,8 @@ DUMP_SIGNAL = signal.SIGUSR2
 
 def install(run_dir: str, rank: int, trace: CollectiveTrace) -> None:
     """Call from the main thread, before the process group starts its threads."""
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(exit_trace_path(run_dir, rank))  # an earlier attempt's
     stacks_path = os.path.join(run_dir, "logs", f"rank{rank}.stacks")
     stacks = open(stacks_path, "w+")  # kept open: faulthandler writes to its fd from the signal handler
     read_end, write_end = os.pipe()
@@ -38,6 +41,16 @@ def install(run_dir: str, rank: int, trace: CollectiveTrace) -> None:
                     _dump(run_dir, rank, stacks, trace)
 
     threading.Thread(target=serve, name="llmtrain-hang-evidence", daemon=True).start()
+
+
+def exit_trace_path(run_dir: str, rank: int) -> str:
+    return os.path.join(run_dir, "logs", f"rank{rank}.collectives.json")
+
+
+def write_exit_trace(run_dir: str, rank: int, trace: CollectiveTrace) -> None:
+    """On the way out with an error: a rank that timed out in a collective is gone before the launcher asks."""
+    with contextlib.suppress(OSError):
+        write_json(exit_trace_path(run_dir, rank), {"rank": rank, **trace.snapshot()})
 
 
 def _dump(run_dir: str, rank: int, stacks, trace: CollectiveTrace) -> None:

@@ -78,10 +78,19 @@ def test_every_member_in_the_same_op_blames_no_rank():
 
 def test_no_collective_pending_lists_what_each_rank_does():
     records = {r: record(5, 5, ranks=[0, 1]) for r in (0, 1)}
-    line = verdict(records, {0: DATA_STACK}, 2)
+    line = verdict(records, {0: DATA_STACK, 1: dump(("/src/x.py", 1, "f"))}, 2)
     assert line == ("no rank waits in a collective; rank 0 is in data loading (stack: hang_here "
                     "(fault_injection.py:61) < train_batch (data_feed.py:41) < forward_backward (trainer.py:163)); "
-                    "rank 1 is in unknown code")
+                    "rank 1 is in unknown code (stack: f (x.py:1))")
+
+
+def test_a_rank_that_timed_out_and_exited_waits_with_its_exit_trace():
+    # Both exited with an error (no stacks); rank 0 had entered barrier #7, rank 1 had not.
+    records = {0: record(7, 6, op="barrier", group="world", ranks=[0, 1]),
+               1: record(6, 6, op="barrier", group="world", ranks=[0, 1])}
+    line = verdict(records, {}, 2)
+    assert line == ("rank 1 never entered barrier #7 on the world group; rank 0 waits in it; rank 1 exited (its "
+                    "trace is the one it wrote on its way out)")
 
 
 def test_classification_of_stacks():

@@ -55,6 +55,10 @@ def _text(path: str) -> str | None:
 def judge(run_dir: str, folder: str, world_size: int, nnodes: int, why: str) -> str:
     """The verdict line (with its `llmtrain: hang: ` prefix), also written to FOLDER/verdict.txt."""
     records = _by_rank(folder, "rank*.collectives.json", read_json)
+    # A rank that failed (a collective timeout) wrote its trace as it exited; this launch's workers removed any
+    # older one as they started.
+    exited = _by_rank(os.path.join(run_dir, "logs"), "rank*.collectives.json", read_json)
+    records.update({r: rec for r, rec in exited.items() if r not in records})
     stacks = _by_rank(folder, "rank*.stacks.txt", _text)
     answers = node_answers(folder, nnodes)
     states = {int(r): info.get("state") for a in answers.values() for r, info in a.get("ranks", {}).items()}

@@ -96,6 +96,8 @@ def _doing(rank: int, records: dict[int, dict], stacks: dict[int, str], states: 
     if rank not in records:
         state = states.get(rank)
         return f"rank {rank} did not answer the stack request" + (f" (process {state})" if state else "")
+    if rank not in stacks:
+        return f"rank {rank} exited (its trace is the one it wrote on its way out)"
     frames = main_thread_frames(stacks.get(rank, ""))
     what = f"is {classify(frames)}"
     mine = _pending({rank: records[rank]})
