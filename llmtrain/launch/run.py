@@ -271,6 +271,7 @@ def preempt(backend, monitor, cfg: DictConfig, why: str) -> int:
     """Ask every worker to checkpoint at its next step boundary, wait for them, report."""
     console, run_dir = monitor.console, cfg.run.dir
     grace = cfg.launch.preempt_grace_s
+    monitor.hangs = None  # no steps while the workers save: the grace bounds the wait instead
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # asked once is enough; Ctrl-C still stops at once
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     deadline = time.monotonic() + grace
