@@ -38,7 +38,8 @@ def install(run_dir: str, rank: int, trace: CollectiveTrace) -> None:
         while True:
             for byte in os.read(read_end, 64):
                 if byte == DUMP_SIGNAL:
-                    _dump(run_dir, rank, stacks, trace)
+                    with contextlib.suppress(OSError):  # a full disk: no evidence, but the next request may work
+                        _dump(run_dir, rank, stacks, trace)
 
     threading.Thread(target=serve, name="llmtrain-hang-evidence", daemon=True).start()
 

@@ -34,6 +34,12 @@ class HangRequests:
         if folder is None or folder == self.answered or not os.path.isdir(folder):
             return
         self.answered = folder
+        try:
+            self._answer(folder)
+        except OSError as e:  # the agent must go on supervising its node whatever the evidence costs
+            print(f"llmtrain: node {self.node_rank}: could not write hang evidence to {folder}: {e}", flush=True)
+
+    def _answer(self, folder: str) -> None:
         ranks = {}
         for p in self.workers():
             rank, state = _rank_of(p), _state(p)
@@ -41,8 +47,11 @@ class HangRequests:
                 continue
             ranks[rank] = {"pid": p.pid, "state": state, "signalled": False}
             if state != psutil.STATUS_STOPPED and handles_signal(p.pid, DUMP_SIGNAL):
-                p.send_signal(DUMP_SIGNAL)
-                ranks[rank]["signalled"] = True
+                try:
+                    p.send_signal(DUMP_SIGNAL)
+                    ranks[rank]["signalled"] = True
+                except psutil.NoSuchProcess:
+                    ranks[rank]["state"] = "gone"
         deadline = time.monotonic() + ANSWER_WAIT_S
         while time.monotonic() < deadline and not all(
                 os.path.exists(os.path.join(folder, f"rank{r}.collectives.json"))
