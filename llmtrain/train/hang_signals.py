@@ -64,4 +64,22 @@ def _dump(run_dir: str, rank: int, stacks, trace: CollectiveTrace) -> None:
         shutil.copyfileobj(stacks, out)
     stacks.seek(0)
     stacks.truncate()  # the next dump starts from an empty file
+    _dump_nccl_trace(os.path.join(folder, f"rank{rank}.nccl_trace.pkl"))
     write_json(os.path.join(folder, f"rank{rank}.collectives.json"), {"rank": rank, **trace.snapshot()})
+
+
+def _dump_nccl_trace(path: str) -> None:
+    """PyTorch's Flight Recorder for NCCL (TORCH_NCCL_TRACE_BUFFER_SIZE, set by the launcher), where this build and
+    this process group have it; read it with `python -m torch.distributed.flight_recorder.fr_trace`."""
+    import torch
+    import torch.distributed as dist
+
+    dump = getattr(torch._C._distributed_c10d, "_dump_nccl_trace", None)
+    if dump is None or not dist.is_initialized() or not torch.cuda.is_available():
+        return
+    try:
+        data = dump()
+    except RuntimeError:  # no NCCL group in this process
+        return
+    with open(path, "wb") as f:
+        f.write(data)
