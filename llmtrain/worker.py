@@ -62,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     from llmtrain.config import load_run_config
     from llmtrain.launch.launch_record import newest_launch
     from llmtrain.launch.config_probes import validate_here
+    from llmtrain.train import collective_trace, hang_signals
     from llmtrain.train.preemption import Preempted
     from llmtrain.train.device import resolve_device
     from llmtrain.train.trainer import Trainer
@@ -70,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_run_config(paths.config)
         # The launcher validated it on its node; this node may lack what it found there (a package, a file).
         validate_here(cfg)
+        # Before the process group starts its threads: they inherit the signal setup.
+        hang_signals.install(run_dir, rank, collective_trace.install())
         torch.manual_seed(cfg.train.seed)
         device = resolve_device(cfg.device, int(os.environ.get("LOCAL_RANK", 0)))
         init_process_group(device.type, cfg.launch.pg_timeout_s)
@@ -86,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except BaseException as e:  # noqa: BLE001 - every way out is recorded for the launcher
         traceback.print_exc()
+        hang_signals.write_exit_trace(run_dir, rank, collective_trace.TRACE)
         _write_status(run_dir, rank, "error", f"{type(e).__name__}: {e}")
         sys.stdout.flush()
         sys.stderr.flush()

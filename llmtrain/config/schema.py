@@ -344,6 +344,10 @@ class LaunchConfig:
     max_restarts: int = 0
     # Seconds a gloo/NCCL collective may wait before the job fails instead of hanging.
     pg_timeout_s: int = 600
+    # Seconds without a completed step (on any rank, after its first) before the launcher calls the job hung,
+    # gathers stacks and collective traces into RUN_DIR/hangs/, says why in one line and stops it; the bound
+    # grows to 10x the median step time when steps are slower than a tenth of this.
+    hang_timeout_s: float = 300.0
     # Threads per worker process; null = cores / processes on this node.
     omp_num_threads: Optional[int] = None
     # After SIGTERM/SIGUSR1, how long workers get to checkpoint before they are killed.

@@ -291,6 +291,8 @@ def _validate_cluster(cfg: DictConfig) -> None:
     _require(0 <= c.master_port < 65536, "cluster.master_port", f"must be a port number (got {c.master_port})")
     _require(cfg.launch.max_restarts >= 0, "launch.max_restarts", f"must be >= 0 (got {cfg.launch.max_restarts})")
     _require(cfg.launch.pg_timeout_s > 0, "launch.pg_timeout_s", f"must be > 0 (got {cfg.launch.pg_timeout_s})")
+    _require(cfg.launch.hang_timeout_s > 0, "launch.hang_timeout_s",
+             f"must be > 0 (got {cfg.launch.hang_timeout_s})")
     _require(cfg.launch.rendezvous_timeout_s > 0, "launch.rendezvous_timeout_s",
              f"must be > 0 (got {cfg.launch.rendezvous_timeout_s})")
     ratio = cfg.launch.max_memory_ratio

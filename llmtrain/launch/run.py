@@ -23,6 +23,7 @@ from llmtrain.launch.supervision import stopping
 from llmtrain.launch.backends.registry import get_backend
 from llmtrain.launch.supervision.failures import rank_statuses, stopped_short
 from llmtrain.launch.container import default_python_note
+from llmtrain.launch.supervision.hang_report import HangDetected
 from llmtrain.launch.supervision.monitor import Monitor, RendezvousTimeout
 from llmtrain.launch.run_lock import RunDirLock
 from llmtrain.parallel.layout import ParallelDims
@@ -194,7 +195,7 @@ def _run(cfg: DictConfig, backend, console, resolution: Resolution) -> int:
     record = LaunchRecord.start(cfg, backend, resolution.to_record())
     code = None
     try:
-        code = _start_and_follow(cfg, backend, console)
+        code = _start_and_follow(cfg, backend, console, record)
         return code
     finally:
         record.ended(code, getattr(backend, "job_id", None))
@@ -207,13 +208,14 @@ def start_line(run_dir: str, dims: ParallelDims, nnodes: int, hosts: list[str], 
             f"on {nnodes} node(s){on}, backend {backend_name}")
 
 
-def _start_and_follow(cfg: DictConfig, backend, console) -> int:
+def _start_and_follow(cfg: DictConfig, backend, console, record: LaunchRecord) -> int:
     run_dir = cfg.run.dir
     dims = ParallelDims.from_config(cfg)
     plain(start_line(run_dir, dims, cfg.cluster.nnodes, backend.host_names(), backend.name), console=console)
     monitor = Monitor(run_dir, cfg.train.max_steps, console, nnodes=cfg.cluster.nnodes,
                       max_restarts=cfg.launch.max_restarts, rendezvous_timeout_s=cfg.launch.rendezvous_timeout_s,
-                      nproc_per_node=cfg.cluster.nproc_per_node, combined_log=backend.owns_processes)
+                      nproc_per_node=cfg.cluster.nproc_per_node, combined_log=backend.owns_processes,
+                      hang_timeout_s=cfg.launch.hang_timeout_s)
     try:
         code = backend.run(monitor)
     except KeyboardInterrupt:
@@ -222,6 +224,10 @@ def _start_and_follow(cfg: DictConfig, backend, console) -> int:
         return EXIT_INTERRUPTED
     except PreemptRequest as e:
         return preempt(backend, monitor, cfg, str(e))
+    except HangDetected as e:  # the verdict is said and written: stop as for any failure
+        record.entry["hang"] = str(e)
+        stopping.stop_job(backend, run_dir, console)
+        return EXIT_FAILED
     except RendezvousTimeout as e:  # no worker ever started: say where it waited, then stop
         say(str(e), console=console)
         stopping.stop_job(backend, run_dir, console)
@@ -252,6 +258,7 @@ def preempt(backend, monitor, cfg: DictConfig, why: str) -> int:
     """Ask every worker to checkpoint at its next step boundary, wait for them, report."""
     console, run_dir = monitor.console, cfg.run.dir
     grace = cfg.launch.preempt_grace_s
+    monitor.hangs = None  # no steps while the workers save: the grace bounds the wait instead
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # asked once is enough; Ctrl-C still stops at once
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     deadline = time.monotonic() + grace

@@ -38,29 +38,33 @@ def fsync_dir(directory: str | os.PathLike) -> None:
 
 
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike) -> Iterator[str]:
+def atomic_path(path: str | os.PathLike, durable: bool = True) -> Iterator[str]:
     """Yield a temp file's name beside `path` for a writer that wants a name (a library's save(name)); when the
-    block ends it is fsynced and renamed over `path`; when the block raises it is deleted and `path` is untouched."""
+    block ends it is fsynced and renamed over `path`; when the block raises it is deleted and `path` is untouched.
+    durable=False skips the fsyncs: still whole for readers, but a crash may lose it (a heartbeat, rewritten every
+    step, is worth nothing after a crash and should not cost a disk flush per step)."""
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
     os.close(fd)
     try:
         yield tmp
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
+        if durable:
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~process_umask())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    fsync_dir(folder)
+    if durable:
+        fsync_dir(folder)
 
 
 @contextlib.contextmanager
-def atomic_writer(path: str | os.PathLike, mode: str = "wb") -> Iterator[IO]:
+def atomic_writer(path: str | os.PathLike, mode: str = "wb", durable: bool = True) -> Iterator[IO]:
     """Yield the open temp file ("wb" or "w") that replaces `path` when the block ends without an exception."""
-    with atomic_path(path) as tmp, open(tmp, mode) as f:
+    with atomic_path(path, durable) as tmp, open(tmp, mode) as f:
         yield f
 
 
@@ -69,8 +73,8 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
         f.write(data)
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    with atomic_writer(path, "w") as f:
+def atomic_write_text(path: str | os.PathLike, text: str, durable: bool = True) -> None:
+    with atomic_writer(path, "w", durable) as f:
         f.write(text)
 
 

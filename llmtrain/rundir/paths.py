@@ -6,6 +6,7 @@
       logs/rank{R}.log            every rank's stdout/stderr
       logs/rank{R}.status         how the rank ended (rundir.rank_files)
       logs/rank{R}.place          the rank's node, host and local rank, written as it starts (rundir.rank_files)
+      logs/rank{R}.progress       the rank's heartbeat: the step it last completed (rundir.hang_files)
       logs/node{N}.log            the torchrun agent's output on node N
       logs/node{N}.env            the effective NCCL_*/GLOO_*/CUDA_* environment on node N
       logs/combined.log           every rank's log, interleaved by time
@@ -13,6 +14,7 @@
       .lock                       the job that holds this run directory while it runs
       job.json                    every launch into this directory (rundir.job_record)
       nodes.json                  per host: failures, hangs, stragglers, across launches (rundir.node_ledger)
+      hangs/<time>/               a hang's evidence and verdict: stacks, collective traces, log tails (rundir.hang_files)
       previous/<time>/            earlier runs moved aside by run.overwrite=true
       checkpoints/step-NNNNNNN/   DCP shards, config.yaml, meta.json (llmtrain.checkpoint.store)
       slurm/job.sbatch            the submitted script (cluster=slurm)
@@ -36,6 +38,7 @@ LOGS = "logs"
 LOCK = ".lock"
 JOB_RECORD = "job.json"
 NODES = "nodes.json"
+HANGS = "hangs"
 PREVIOUS = "previous"
 CHECKPOINTS = "checkpoints"
 SLURM = "slurm"
@@ -125,6 +128,14 @@ class RunPaths:
         return self._join(NODES)
 
     @property
+    def hangs(self) -> str:
+        return self._join(HANGS)
+
+    @property
+    def hang_request(self) -> str:
+        return self._join(HANGS, "request")
+
+    @property
     def tmp(self) -> str:
         return self._join(TMP)
 
@@ -141,6 +152,17 @@ class RunPaths:
 
     def rank_place(self, rank: int | str) -> str:
         return self._join(LOGS, f"rank{rank}{PLACE_SUFFIX}")
+
+    def rank_progress(self, rank: int | str) -> str:
+        return self._join(LOGS, f"rank{rank}.progress")
+
+    def rank_stacks(self, rank: int | str) -> str:
+        """Where the rank's faulthandler writes its stacks on a hang's request."""
+        return self._join(LOGS, f"rank{rank}.stacks")
+
+    def rank_exit_trace(self, rank: int | str) -> str:
+        """The collective trace a failing rank writes as it exits."""
+        return self._join(LOGS, f"rank{rank}.collectives.json")
 
     def node_log(self, node: int | str) -> str:
         """`node` may be a glob pattern ("*")."""

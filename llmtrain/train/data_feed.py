@@ -9,6 +9,7 @@ import time
 import torch
 
 from llmtrain.data import SampleStream, batch_indices, build_dataset
+from llmtrain.train.fault_injection import BLOCK_DATA, hang_here
 
 
 class DataFeed:
@@ -26,6 +27,7 @@ class DataFeed:
         else:
             self.stream = SampleStream(build_dataset(cfg.data, cfg.model, cfg.train.seed), cfg.train.seed)
         self._wait_s, self._steps = 0.0, 0
+        self.hang_at: set[tuple[str, int]] = set()  # injected hangs (fault_injection.py), set by the trainer
 
     def _indices(self, step: int, micro_step: int, sample_offset: int | None) -> list[int]:
         t = self.t
@@ -35,6 +37,8 @@ class DataFeed:
     def train_batch(self, step: int, micro_step: int, samples_seen: int) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's micro-batch of the step that starts at global sample `samples_seen`, on the device."""
         start = time.perf_counter()
+        if micro_step == 0 and (BLOCK_DATA, step + 1) in self.hang_at:
+            hang_here()
         if self.mixture is not None:
             x, y = self.mixture.train_batch(self._indices(step, micro_step, samples_seen))
         else:

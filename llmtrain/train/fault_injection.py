@@ -1,10 +1,12 @@
 """Faults on purpose, for tests of the paths real faults take: LLMTRAIN_INJECT_NONFINITE="STEP:RANK[,STEP:RANK]"
 puts an inf into one gradient of that rank after the backward of that (1-based) step, so overflow handling can be
-tested where only one rank overflows. Read once when training starts; without it the training loop has no hook."""
+tested where only one rank overflows. Read once when training starts; without it the training loop has no hook.
+LLMTRAIN_INJECT_HANG (below) makes one rank hang in one of three ways."""
 
 from __future__ import annotations
 
 import os
+import time
 from typing import Callable
 
 import torch
@@ -31,3 +33,29 @@ def gradient_fault(rank: int) -> Callable[[int, list[torch.Tensor]], None] | Non
                     return
 
     return inject
+
+
+# LLMTRAIN_INJECT_HANG="KIND:STEP:RANK[,...]": that rank hangs in that (1-based) step, for hang-triage tests.
+HANG_ENV = "LLMTRAIN_INJECT_HANG"
+SKIP_COLLECTIVE = "skip_collective"  # skips the step's overflow all-reduce, then waits in the next one
+SLEEP_IN_STEP = "sleep_in_step"  # sleeps after its backward
+BLOCK_DATA = "block_data"  # blocks while loading the step's first micro-batch
+HANG_KINDS = (SKIP_COLLECTIVE, SLEEP_IN_STEP, BLOCK_DATA)
+HANG_S = 3600.0
+
+
+def injected_hangs(rank: int) -> set[tuple[str, int]]:
+    """{(kind, step)} asked of this rank; read once, by the trainer."""
+    out = set()
+    for item in filter(None, os.environ.get(HANG_ENV, "").split(",")):
+        kind, step, r = item.split(":")
+        if kind not in HANG_KINDS:
+            raise ValueError(f"{HANG_ENV}: unknown kind {kind!r} (one of {', '.join(HANG_KINDS)})")
+        if int(r) == rank:
+            out.add((kind, int(step)))
+    return out
+
+
+def hang_here() -> None:
+    """What an injected hang does: nothing for an hour (the launcher's hang detection ends it long before)."""
+    time.sleep(HANG_S)

@@ -29,9 +29,12 @@ from llmtrain.train.data_feed import DataFeed
 from llmtrain.train.evaluation import EvalResult, evaluate
 from llmtrain.train.memory import PeakMemory, SavedActivations
 from llmtrain.train.mfu import model_flops
-from llmtrain.train.fault_injection import gradient_fault
+from llmtrain.train.collective_trace import TRACE
+from llmtrain.train.fault_injection import (SKIP_COLLECTIVE, SLEEP_IN_STEP, gradient_fault, hang_here,
+                                            injected_hangs)
 from llmtrain.train.metrics import MetricsWriter
 from llmtrain.train.preemption import Preempted, PreemptionFlag
+from llmtrain.train.progress_beat import ProgressBeat
 from llmtrain.train.save_schedule import SaveSchedule
 from llmtrain.train.step_log import StepLog
 from llmtrain.train.step_profiler import StepProfiler
@@ -79,6 +82,8 @@ class Trainer:
         self.dp_group = self.mesh.dp.get_group()
         self.dp_rank = self.mesh.dp.get_local_rank()
         self.pp_group = self.mesh.pp.get_group()
+        for name in ("dp_replicate", "dp_shard", "pp", "tp", "dp"):  # "dp" last: it may be one of the others
+            TRACE.name_group(self.mesh.world[name].get_group() if name != "dp" else self.dp_group, name)
         self.compute_dtype = torch_dtype(cfg.precision.compute_dtype)
 
         self.model: ParallelModel = build_parallel_model(cfg, self.dims, self.mesh, device,
@@ -103,6 +108,9 @@ class Trainer:
         self.preempt = PreemptionFlag()
         self.save_schedule = SaveSchedule(cfg.checkpoint, self.rank)
         self.fault = gradient_fault(self.rank)
+        self.hangs = injected_hangs(self.rank)
+        self.feed.hang_at = self.hangs
+        self.beat = ProgressBeat(run_dir, self.rank)
         self.ckpt = CheckpointManager(cfg, run_dir, self.log, self.model, self.optimizer, self.state)
         self.resume(launched)
         metrics_path = RunPaths(run_dir).metrics if is_logger else None
@@ -195,6 +203,8 @@ class Trainer:
         local_loss = self.forward_backward()
         if self.fault is not None:
             self.fault(self.step + 1, self.params)
+        if (SLEEP_IN_STEP, self.step + 1) in self.hangs:
+            hang_here()
         self.model.sync_tied_weights()
         overflow_here = self.scaler.unscale_and_check(self.params, self.device)
         grad_norm = clip_grad_norm_(self.params, self.cfg.train.grad_clip, self.pp_group,
@@ -205,7 +215,8 @@ class Trainer:
         flags = torch.zeros(2, device=grad_norm.device)
         flags[0] = float(overflow_here)
         flags[1] = (~torch.isfinite(grad_norm)).float()
-        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        if (SKIP_COLLECTIVE, self.step + 1) not in self.hangs:
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
         overflow_seen, nonfinite_seen = flags.tolist()
         overflow, bad = overflow_seen > 0, max(overflow_seen, nonfinite_seen) > 0
         if bad:
@@ -297,19 +308,23 @@ class Trainer:
         while self.step < last:
             result, step_time = self._timed_step(first_step)
             state.advance(t.global_batch_size, step_log.tokens_per_step)
+            self.beat.step_done(state.step, step_time)
             for line in self.feed.step_done(state.step, state.samples_seen - t.global_batch_size, state.samples_seen):
                 self.log(line, flush=True)
             self._check_bad_step(result)
             step_log.step_done(state.step, result, step_time, state.tokens_seen, state.elapsed_s(), state.samples_seen)
             if t.eval_interval and t.eval_steps and (self.step % t.eval_interval == 0 or self.step == t.max_steps):
-                step_log.eval_done(self.step, self.evaluate())
+                with self.beat.phase("eval"):
+                    step_log.eval_done(self.step, self.evaluate())
             self.ckpt.poll()
             preempted, save_by_time = self.preempt.agreed(self.save_schedule.time_vote())
             self._stop_if_preempted(preempted)
             if self.save_schedule.due(self.step, last, save_by_time):
-                self.save_checkpoint(asynchronous=self.cfg.checkpoint.async_save)
+                with self.beat.phase("checkpoint"):
+                    self.save_checkpoint(asynchronous=self.cfg.checkpoint.async_save)
         if self.cfg.checkpoint.at_end or self.step < t.max_steps:
-            self.save_checkpoint(asynchronous=False)
+            with self.beat.phase("checkpoint"):
+                self.save_checkpoint(asynchronous=False)
         self.ckpt.wait()
         self._close()
         this_launch = time.perf_counter() - state.segment_start

@@ -8,7 +8,8 @@ It starts CMD (torchrun) in its own session and ties it to its controller:
 - the agent's own death (kill -9) takes torchrun with it (PR_SET_PDEATHSIG), so its workers stop, their peers
   fail, and the job ends as for a lost worker instead of training on unsupervised;
 - SIGTERM / SIGUSR1 to the agent (Slurm preemption or time limit) are passed to the workers as SIGUSR1;
-- the effective environment is recorded in RUN_DIR/logs/node{N}.env.
+- the effective environment is recorded in RUN_DIR/logs/node{N}.env;
+- a hang's evidence the launcher asks for is gathered from this node's workers (hang_evidence.py).
 It exits with CMD's exit status.
 """
 
@@ -55,6 +56,7 @@ def _child_setup() -> None:
 def main(argv: list[str] | None = None) -> int:
     import psutil
 
+    from llmtrain.launch.node.hang_evidence import HangRequests
     from llmtrain.launch.supervision import processes
     from llmtrain.launch.supervision.processes import handles_signal, is_worker
 
@@ -105,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
             stopping.set()
             processes.stop_tree(child, grace_s=10.0)  # torchrun has a session of its own: its group goes too
 
+    hang_requests = HangRequests(run_dir, node_rank, workers)
     heartbeat_s = float(os.environ.get(HEARTBEAT_ENV) or 0)
     last_word = [time.monotonic()]
 
@@ -128,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         except subprocess.TimeoutExpired:
             if pending.is_set():
                 deliver()
+            hang_requests.poll()
             silent = time.monotonic() - last_word[0]
             if heartbeat_s and silent > heartbeat_s * HEARTBEAT_MISSES and not stopping.is_set():
                 print(f"llmtrain: node {node_rank}: no word from the launcher for {silent:.0f} s (head node "

@@ -3,7 +3,9 @@ metrics.jsonl, and rank 0's log streamed above it. Which rank failed is worked o
 
 Until the first worker exists, a torchrun agent under this launcher waits in its rendezvous; one that cannot
 complete (a port someone else holds, a node that never joins) would wait silently, so the monitor says where it
-waits after a while and gives up after launch.rendezvous_timeout_s.
+waits after a while and gives up after launch.rendezvous_timeout_s. Once training steps, a rank that stops
+completing them is a hang (hang_watch.py): the monitor gathers its evidence and verdict (hang_report.py) before
+anything is stopped.
 """
 
 from __future__ import annotations
@@ -19,12 +21,16 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from llmtrain.console import get_console, plain, say
 from llmtrain.launch.supervision import processes
 from llmtrain.launch.supervision.combined_log import CombinedLog
+from llmtrain.launch.supervision.hang_report import HangDetected, collect, judge
+from llmtrain.launch.supervision.hang_watch import HangWatch
 from llmtrain.launch.supervision.line_follower import LineFollower
 from llmtrain.launch.supervision.restarts import RestartNotices
 from llmtrain.rundir.paths import RunPaths
 
 # Seconds without a worker before the launcher says it is still waiting for the rendezvous.
 RENDEZVOUS_NOTICE_S = 30.0
+# Seconds between two looks at the ranks' progress files (a thousand ranks are a thousand files).
+HANG_CHECK_S = 1.0
 
 
 class RendezvousTimeout(Exception):
@@ -88,9 +94,10 @@ class RendezvousWatch:
 class Monitor:
     def __init__(self, run_dir: str, max_steps: int, console: Console | None = None, stream_rank: int = 0,
                  nnodes: int = 1, max_restarts: int = 0, rendezvous_timeout_s: float | None = None,
-                 nproc_per_node: int = 1, combined_log: bool = False):
+                 nproc_per_node: int = 1, combined_log: bool = False, hang_timeout_s: float | None = None):
         """combined_log: write logs/combined.log while following (the launcher of a job whose processes it
-        owns; a Slurm job's batch script writes its own)."""
+        owns; a Slurm job's batch script writes its own). hang_timeout_s: launch.hang_timeout_s; None: no hang
+        detection."""
         self.run_dir = run_dir
         self.console = console or get_console()
         self.log = LineFollower(RunPaths(run_dir).rank_log(stream_rank), from_end=True)
@@ -106,6 +113,9 @@ class Monitor:
         self.last_row: dict = {}
         self.rendezvous = RendezvousWatch(rendezvous_timeout_s, self.console)
         self.combined = CombinedLog(run_dir) if combined_log else None
+        self.nnodes = nnodes
+        self.hangs = HangWatch(run_dir, nnodes * nproc_per_node, hang_timeout_s) if hang_timeout_s else None
+        self.hang_checked = 0.0
 
     def poll(self) -> None:
         if self.combined is not None:
@@ -127,6 +137,24 @@ class Monitor:
                                      tps=f"{row.get('tokens_per_s', 0):,.0f}",
                                      mfu=f"{row['mfu']:.1%}" if isinstance(row.get("mfu"), float) else "-")
 
+    def check_hang(self) -> None:
+        """Gather a hang's evidence and verdict while every process is still there. A collective timeout ends the
+        job by itself (its verdict is said first); a stalled step raises HangDetected: the caller stops the job."""
+        if self.hangs is None or time.monotonic() - self.hang_checked < HANG_CHECK_S:
+            return
+        self.hang_checked = time.monotonic()
+        why = self.hangs.poll()
+        if why is None:
+            return
+        self.console.print(f"llmtrain: hang suspected: {why}; gathering stacks and collective traces",
+                           markup=False, highlight=False, soft_wrap=True)
+        folder = collect(self.run_dir, self.nnodes)
+        line = judge(self.run_dir, folder, self.hangs.world_size, self.nnodes, why)
+        self.console.print(line, markup=False, highlight=False, soft_wrap=True)
+        self.console.print(f"llmtrain: hang evidence in {folder}", markup=False, highlight=False, soft_wrap=True)
+        if not self.hangs.reported_timeout:
+            raise HangDetected(line)
+
     def follow(self, poll_exit: Callable[[], int | None], interval_s: float = 0.3,
                timeout_s: float | None = None) -> int | None:
         """Refresh until poll_exit() returns an exit code (returned), or timeout_s passes (None); raises
@@ -140,6 +168,7 @@ class Monitor:
                     self.poll()
                     return code
                 self.rendezvous.poll()
+                self.check_hang()
                 if deadline is not None and time.monotonic() > deadline:
                     return None
                 time.sleep(interval_s)
