@@ -72,12 +72,19 @@ def resolve_resume(run_dir: str, value: str) -> Resolution:
 
 def resolve_in_worker(run_dir: str, value: str, launched: Resolution | None, restart: int,
                       requeued: int) -> Resolution:
-    """A worker's resolution: after a torchrun restart or a Slurm requeue, the newest complete checkpoint (the
-    run has moved on since the launch); at its first start, what the launcher resolved (`launched`, from
-    job.json), else `value` itself (a worker started without a launcher's record)."""
+    """A worker's resolution: after a torchrun restart or a Slurm requeue, the newest complete checkpoint of the
+    run directory (the run has moved on since the launch), or, when it has none yet, what the first start loaded
+    (a run begun from another directory's checkpoint goes back to it, not to step 0); at its first start, what the
+    launcher resolved (`launched`, from job.json), else `value` itself (a worker started without a launcher's
+    record)."""
     if restart or requeued:
         again = resolve_resume(run_dir, "auto")
         cause = f"restart {restart}" if restart else f"requeued job (restart {requeued})"
+        if again.checkpoint is None and value != "none":
+            first = launched if launched is not None else resolve_resume(run_dir, value)
+            if first.checkpoint is not None:
+                return Resolution(value, first.checkpoint, f"{cause}: no checkpoint saved here yet, so the one the "
+                                                           f"run began from ({first.why})", again.ignored)
         return Resolution(value, again.checkpoint, f"{cause}: {again.why}", again.ignored)
     if launched is not None:
         return Resolution(value, launched.checkpoint, f"as the launcher resolved it: {launched.why}")

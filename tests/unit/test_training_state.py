@@ -249,3 +249,14 @@ def test_the_dry_run_says_what_resume_resolves_to_and_refuses_a_missing_path(tmp
     assert main(["launch", "--dry-run", f"run.dir={run}", f"checkpoint.resume={tmp_path / 'nope'}"]) == 2
     assert capsys.readouterr().err == f"llmtrain: error: checkpoint.resume: no such checkpoint folder: " \
                                       f"{tmp_path / 'nope'}\n"
+
+
+def test_a_restart_before_the_first_save_goes_back_to_the_checkpoint_the_run_began_from(tmp_path):
+    other = checkpoint(tmp_path / "other", 5)  # another run directory's checkpoint, resumed into an empty one
+    run = tmp_path / "run"
+    launched = Resolution(str(other), str(other), "PATH as given")
+    got = resolve_in_worker(str(run), str(other), launched, restart=1, requeued=0)
+    assert got.checkpoint == str(other)
+    assert got.why == "restart 1: no checkpoint saved here yet, so the one the run began from (PATH as given)"
+    assert resolve_in_worker(str(run), "none", None, restart=1, requeued=0).checkpoint is None
+    assert resolve_in_worker(str(run), "auto", None, restart=0, requeued=1).checkpoint is None
