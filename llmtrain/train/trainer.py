@@ -28,12 +28,14 @@ from llmtrain.train.data_feed import DataFeed
 from llmtrain.train.evaluation import EvalResult, evaluate
 from llmtrain.train.memory import PeakMemory, SavedActivations
 from llmtrain.train.mfu import model_flops
-from llmtrain.train.fault_injection import gradient_fault
+from llmtrain.train.fault_injection import compute_slowdown, exit_fault, gradient_fault
+from llmtrain.train.goodput_events import GoodputEvents
 from llmtrain.train.metrics import MetricsWriter
 from llmtrain.train.preemption import Preempted, PreemptionFlag
 from llmtrain.train.save_schedule import SaveSchedule
 from llmtrain.train.step_log import StepLog
 from llmtrain.train.step_profiler import StepProfiler
+from llmtrain.train.straggler_watch import ComputeClock, StragglerWatch
 from llmtrain.train.trackers.fanout import open_trackers
 from llmtrain.train.optim import build_optimizer, lr_at, resolve_fused, set_lr
 
@@ -104,6 +106,10 @@ class Trainer:
         self.preempt = PreemptionFlag()
         self.save_schedule = SaveSchedule(cfg.checkpoint, self.rank)
         self.fault = gradient_fault(self.rank)
+        self.slowdown, self.exit_fault = compute_slowdown(self.rank), exit_fault(self.rank)
+        self.compute = ComputeClock(device, enabled=bool(cfg.launch.straggler_factor))
+        self.stragglers = StragglerWatch(cfg.launch, self.compute, self.log) if cfg.launch.straggler_factor else None
+        self.events = GoodputEvents(run_dir, enabled=is_logger)
         self.ckpt = CheckpointManager(cfg, run_dir, self.log)
         self.resume()
         metrics_path = os.path.join(run_dir, "metrics.jsonl") if is_logger else None
@@ -189,7 +195,11 @@ class Trainer:
     def train_step(self) -> StepResult:
         for part in self.model.parts:
             part.train()
+        if self.exit_fault is not None:
+            self.exit_fault(self.step + 1)
+        self.compute.start()
         local_loss = self.forward_backward()
+        compute_s = self.compute.stop()
         if self.fault is not None:
             self.fault(self.step + 1, self.params)
         self.model.sync_tied_weights()
@@ -210,7 +220,13 @@ class Trainer:
         if not bad:
             set_lr(self.optimizer, lr_at(self.step, self.cfg.train))
             self.ckpt.wait_for_staging()
+            self.compute.start()
             self.optimizer.step()
+            compute_s += self.compute.stop()
+        if self.slowdown is not None:  # inside a compute region, as a slower rank's own work would be
+            self.compute.start()
+            self.slowdown(self.step + 1, compute_s)
+            self.compute.stop()
             self.model.after_optimizer_step()
         if self.step == 0:
             self.state_bytes = self.local_state_bytes()
@@ -294,7 +310,9 @@ class Trainer:
             self._close()
             return
         step_log = StepLog(t, self.metrics, self.log, Derived.of(self.cfg).tokens_per_step, self.flops_per_token,
-                           self.peak_flops, dist.get_world_size(), self.scaler, self.memory_gib, self.feed)
+                           self.peak_flops, dist.get_world_size(), self.scaler, self.memory_gib, self.feed,
+                           self.stragglers, self.events)
+        self.events.record("train", self.step)
         while self.step < last:
             result, step_time = self._timed_step(first_step)
             self.step += 1
@@ -314,6 +332,7 @@ class Trainer:
         if self.cfg.checkpoint.at_end or self.step < t.max_steps:
             self.save_checkpoint(asynchronous=False)
         self.ckpt.wait()
+        self.events.record("end", self.step)
         self._close()
         this_launch = time.perf_counter() - self.segment_start
         resumed = f" ({self.step - first_step} since resuming at step {first_step}, in {this_launch:.1f} s)" \
@@ -400,7 +419,9 @@ class Trainer:
             where = f"the last good checkpoint is {good[0]}" if good else "this run has no earlier checkpoint"
             self.log(f"llmtrain: step {self.step}: not saving a checkpoint: {why} ({where})", flush=True)
         else:
+            started = time.perf_counter()
             self.ckpt.save(self, asynchronous=asynchronous)
+            self.events.record("save", self.step, blocked_s=time.perf_counter() - started)
         self.save_schedule.restart_clock()  # the next interval counts training time, not this save's
         return not why
 
