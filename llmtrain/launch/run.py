@@ -24,6 +24,7 @@ from llmtrain.launch.backends.registry import get_backend
 from llmtrain.launch.supervision.failures import rank_statuses
 from llmtrain.launch.container import default_python_note
 from llmtrain.launch.supervision.monitor import Monitor, RendezvousTimeout
+from llmtrain.launch.goodput_entry import record_start
 from llmtrain.rundir import goodput
 from llmtrain.launch.run_lock import RunDirLock
 from llmtrain.parallel.layout import ParallelDims
@@ -213,17 +214,7 @@ def _run(cfg: DictConfig, backend, console) -> int:
     finally:
         record.ended(code, getattr(backend, "job_id", None))
         if backend.owns_processes:  # a Slurm job's starts are its own (the batch script records them)
-            record_goodput(cfg.run.dir, started, record.entry["launch"])
-
-
-def record_goodput(run_dir: str, started: float, launch_number: int) -> None:
-    """This start's entry in RUN_DIR/goodput.json, from the workers' timeline."""
-    from llmtrain.checkpoint import store
-
-    latest, _ = store.latest_complete(run_dir)
-    entry = goodput.ledger_entry(goodput.read_events(run_dir), started, time.time(),
-                                 kept_step=latest.step if latest else 0)
-    goodput.append_entry(run_dir, {"launch": launch_number, "job_id": None, **entry})
+            record_start(cfg.run.dir, started, launch=record.entry["launch"])
 
 
 def start_line(run_dir: str, dims: ParallelDims, nnodes: int, hosts: list[str], backend_name: str) -> str:

@@ -18,6 +18,7 @@ import os
 import sys
 import time
 
+from llmtrain.launch.goodput_entry import slurm_start_ended
 from llmtrain.launch.supervision.failures import rank_statuses
 from llmtrain.slurm import client
 
@@ -84,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     run_dir, srun_exit, notice_s, may_requeue = argv[0], int(argv[1]), float(argv[2]), argv[3] == "1"
     noticed = argv[4:] == ["1"]
+    slurm_start_ended(run_dir, os.environ.get("SLURM_JOB_ID", ""))  # before a requeue starts the next one
     return job_end(run_dir, srun_exit, notice_s, may_requeue, os.environ.get("SLURM_JOB_ID", ""), noticed)
 
 
