@@ -223,11 +223,11 @@ class Trainer:
             self.compute.start()
             self.optimizer.step()
             compute_s += self.compute.stop()
+            self.model.after_optimizer_step()
         if self.slowdown is not None:  # inside a compute region, as a slower rank's own work would be
             self.compute.start()
             self.slowdown(self.step + 1, compute_s)
             self.compute.stop()
-            self.model.after_optimizer_step()
         if self.step == 0:
             self.state_bytes = self.local_state_bytes()
             self.state_bytes["activations"] = self.saved_activations.total
