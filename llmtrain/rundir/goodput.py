@@ -125,9 +125,11 @@ def append_entry(run_dir: str, entry: dict) -> None:
 
 
 def totals(starts: list[dict]) -> dict:
-    """The ledger summed over starts."""
-    keys = ("allocated_s", "productive_s", *PARTS, "restarts", "requeues")
-    return {k: sum(s.get(k) or 0 for s in starts) for k in keys}
+    """The ledger summed over starts. An entry's `requeues` is its Slurm job's count so far (SLURM_RESTART_COUNT),
+    so the run's requeues are its starts that were requeues."""
+    keys = ("allocated_s", "productive_s", *PARTS, "restarts")
+    return {**{k: sum(s.get(k) or 0 for s in starts) for k in keys},
+            "requeues": sum(1 for s in starts if (s.get("requeues") or 0) > 0)}
 
 
 def summary_lines(starts: list[dict]) -> list[tuple[str, str]]:

@@ -67,6 +67,8 @@ def test_ledger_file_and_summary(tmp_path):
     starts = read_ledger(str(tmp_path))
     assert starts == [first, second]
     assert totals(starts)["productive_s"] == 14.0 and totals(starts)["allocated_s"] == 20.0
+    # A Slurm job's starts carry its running requeue count (0, 1, 2): two of the three starts were requeues.
+    assert totals([{"requeues": 0}, {"requeues": 1}, {"requeues": 2}])["requeues"] == 2
     lines = summary_lines(starts)
     assert lines[0] == ("goodput", "70.0% = productive 14.0 s / allocated 20.0 s (2 start(s))")
     assert [label for label, _ in lines[1:]] == ["queue", "start-up", "checkpoint saves", "lost work", "restarts"]
