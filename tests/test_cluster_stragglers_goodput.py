@@ -54,24 +54,3 @@ def test_a_slurm_start_has_its_own_goodput_entry(cluster, tmp_path):
     status = run_cli(["status", str(run_dir)], env=cluster.env)
     assert re.search(r"^goodput     \d+\.\d% = productive", status.stdout, re.M), status.stdout
 
-
-def test_a_requeued_slurm_job_has_an_entry_per_start(cluster, tmp_path):
-    """A one-minute time limit (notice 30 s before it): the job checkpoints, requeues itself and resumes; each
-    start is its own entry, the requeued one waiting in the queue while Slurm holds it, with nothing lost."""
-    run_dir = tmp_path / "run"
-    result = run_cli(["launch", f"run.dir={run_dir}", *TWO_NODES, "train.log_interval=50", "train.max_steps=600",
-                      "cluster=slurm", "cluster.nproc_per_node=1", "cluster.gpus_per_node=0",
-                      "cluster.time=00:01:00", "cluster.signal_before_end_s=30", "cluster.follow=true"],
-                     env=cluster.env, timeout=1500)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
-    starts = json.loads((run_dir / "goodput.json").read_text())["starts"]
-    assert len(starts) >= 2, starts
-    assert len({s["job_id"] for s in starts}) == 1
-    assert [s["requeues"] for s in starts] == list(range(len(starts)))
-    for entry in starts:
-        assert entry["lost_s"] == 0 and entry["restarts"] == 0, entry  # each stop saved its step first
-        assert abs(sum(entry[k] for k in PARTS) - entry["allocated_s"]) <= 0.01, entry
-    assert all(s["queue_s"] > 0 for s in starts[1:]), starts  # Slurm holds a requeued job before it starts again
-    status = run_cli(["status", str(run_dir)], env=cluster.env)
-    assert f"({len(starts)} start(s))" in status.stdout, status.stdout
-    assert f"0 restart(s), {len(starts) - 1} requeue(s)" in status.stdout, status.stdout
