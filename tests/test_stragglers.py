@@ -9,10 +9,12 @@ import pytest
 from conftest import SMALL, read_rows, run_cli
 
 pytestmark = pytest.mark.slow
-# Two steps per log interval, named after two slow intervals in a row: from step 5 on, rank 1 is slow in the
-# intervals ending at steps 6 and 8, so it is first named on the row of step 8.
+# Two steps per log interval (rows at steps 1, 2, 4, ...; the first interval is not judged), named after three slow
+# intervals in a row: from step 3 on, rank 1 is slow in the intervals ending at steps 4, 6 and 8, so it is first
+# named on the row of step 8, then again at step 14.
 BASE = SMALL + ["train.max_steps=16", "train.global_batch_size=8", "train.micro_batch_size=2",
-                "train.log_interval=2", "launch.straggler_intervals=2"]
+                "train.log_interval=2"]
+TOLERANCE = 0.35  # of the injected slowdown: the other jobs on a shared 2-core machine move both ranks' times
 INJECTED = 2.0
 
 
@@ -25,14 +27,14 @@ def _launch(run_dir, *overrides, env=None):
 @pytest.fixture(scope="module")
 def slowed(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("slowed") / "run"
-    out = _launch(run_dir, env={"LLMTRAIN_INJECT_SLOWDOWN": f"1:{INJECTED}:5"})
+    out = _launch(run_dir, env={"LLMTRAIN_INJECT_SLOWDOWN": f"1:{INJECTED}:3"})
     return run_dir, out
 
 
 @pytest.fixture(scope="module")
 def healthy(tmp_path_factory):
-    # Factor 1.5: on a shared 2-core machine a healthy rank is now and then 1.2x slower than its peer for an
-    # interval or two; the injected 2x stands well clear of either.
+    # Factor 1.5: on a shared 2-core machine a healthy rank is now and then 1.2x slower than its peer for a few
+    # intervals; the injected 2x stands well clear of either.
     run_dir = tmp_path_factory.mktemp("healthy") / "run"
     return run_dir, _launch(run_dir, "launch.straggler_factor=1.5")
 
@@ -43,9 +45,9 @@ def test_slowed_rank_is_named_in_the_log_with_host_and_slowdown(slowed):
     assert lines, out[-3000:]
     for line in lines:
         m = re.fullmatch(r"llmtrain: straggler: rank 1 \(host (\S+), local rank 1\) (\d+\.\d\d)x the median "
-                         r"compute time for 2 intervals", line)
+                         r"compute time for 3 intervals", line)
         assert m, line
-        assert INJECTED * 0.7 <= float(m.group(2)) <= INJECTED * 1.3, line
+        assert INJECTED * (1 - TOLERANCE) <= float(m.group(2)) <= INJECTED * (1 + TOLERANCE), line
 
 
 def test_slowed_rank_is_in_the_metrics_rows(slowed):
@@ -55,7 +57,7 @@ def test_slowed_rank_is_in_the_metrics_rows(slowed):
     for row in named:
         assert [s["rank"] for s in row["stragglers"]] == [1]
         assert isinstance(row["stragglers"][0]["host"], str) and row["stragglers"][0]["host"]
-        assert INJECTED * 0.7 <= row["stragglers"][0]["slowdown"] <= INJECTED * 1.3
+        assert INJECTED * (1 - TOLERANCE) <= row["stragglers"][0]["slowdown"] <= INJECTED * (1 + TOLERANCE)
     # Only rows of the slow stretch name it: never before the slowdown began.
     assert all(r["step"] >= 8 for r in named)
 

@@ -69,6 +69,7 @@ class StragglerWatch:
         places: list = [None] * self.world
         dist.all_gather_object(places, (socket.gethostname(), int(os.environ.get("LOCAL_RANK", 0))))
         self.places = places
+        self.judged = False  # the first interval of a launch carries one-time work (allocations, warm-up): not judged
 
     def interval_done(self) -> list[dict]:
         """Called by every rank on each logged step: the stragglers named now, [{rank, host, slowdown}]."""
@@ -76,6 +77,9 @@ class StragglerWatch:
         times = [torch.zeros(1, dtype=torch.float64) for _ in range(self.world)]
         dist.all_gather(times, mine)  # the interval's one collective: a float per rank
         named = []
+        if not self.judged:
+            self.judged = True
+            return named
         for s in self.streaks.observe([t.item() for t in times]):
             host, local_rank = self.places[s.rank]
             self.log(f"llmtrain: straggler: rank {s.rank} (host {host}, local rank {local_rank}) {s.slowdown:.2f}x "
