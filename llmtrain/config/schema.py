@@ -359,6 +359,11 @@ class LaunchConfig:
     # Refuse, even without require_fit, a launch whose plan needs more than this many times this node's memory
     # (it would thrash the machine or be killed); null = only warn.
     max_memory_ratio: Optional[float] = 1.5
+    # Name a rank whose compute time per log interval exceeds the ranks' (lower) median by this factor; 0 = no
+    # straggler detection (no timers, no per-interval all_gather).
+    straggler_factor: float = 1.2
+    # Consecutive slow log intervals before a rank is named a straggler.
+    straggler_intervals: int = 3
 
 
 @dataclass

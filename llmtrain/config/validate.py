@@ -297,6 +297,10 @@ def _validate_cluster(cfg: DictConfig) -> None:
              f"must be > 0 (got {cfg.launch.rendezvous_timeout_s})")
     ratio = cfg.launch.max_memory_ratio
     _require(ratio is None or ratio >= 1.0, "launch.max_memory_ratio", f"must be >= 1.0 or null (got {ratio})")
+    factor = cfg.launch.straggler_factor
+    _require(factor == 0 or factor > 1, "launch.straggler_factor", f"must be > 1, or 0 to turn detection off (got {factor})")
+    _require(cfg.launch.straggler_intervals >= 1, "launch.straggler_intervals",
+             f"must be >= 1 (got {cfg.launch.straggler_intervals})")
     _require(cfg.checkpoint.interval >= 0, "checkpoint.interval", f"must be >= 0 (got {cfg.checkpoint.interval})")
     _require(cfg.checkpoint.interval_minutes >= 0, "checkpoint.interval_minutes",
              f"must be >= 0 (got {cfg.checkpoint.interval_minutes}); 0 saves by step count only")

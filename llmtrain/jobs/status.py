@@ -2,7 +2,8 @@
 
 The state and its reason (state.py), the backend, launch number and job id, the nodes, the step reached of
 max_steps, the newest complete checkpoint, the last metrics row (loss, tokens/s, MFU) and the run's training
-time (the last row's elapsed_s, which counts every launch of the run). --json prints the same facts as one object.
+time (the last row's elapsed_s, which counts every launch of the run), the newest stragglers named, and the goodput
+ledger summed over the run's starts. --json prints the same facts as one object.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from llmtrain.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPT
 from llmtrain.jobs import named_run_dir
 from llmtrain.rundir.job_record import read_launches
 from llmtrain.jobs.job_state import LAUNCHER_OWNED, PENDING, JobState, job_state
+from llmtrain.rundir import goodput
 from llmtrain.rundir.metrics_file import read_metrics
 from llmtrain.rundir.node_ledger import read_ledger
 from llmtrain.rundir.paths import RunPaths
@@ -74,7 +76,20 @@ def facts(run_dir: str, cfg, job: JobState | None = None) -> dict:
         # The Slurm job's own account (nodes.json): the hosts its requeue leaves out, why it stopped requeueing.
         "excluded_nodes": (ledger.get("excluded") or {}).get("hosts"),
         "stopped": (ledger.get("stopped") or {}).get("reason"),
+        "stragglers": last_stragglers(run_dir), "goodput": goodput.read_ledger(run_dir),
     }
+
+
+def last_stragglers(run_dir: str) -> dict | None:
+    """The newest metrics row that named stragglers: {step, stragglers}, or None."""
+    rows = [r for r in read_metrics(RunPaths(run_dir).metrics) if r.get("stragglers")]
+    return {"step": rows[-1].get("step"), "stragglers": rows[-1]["stragglers"]} if rows else None
+
+
+def straggler_line(named: dict) -> str:
+    ranks = ", ".join(f"rank {s.get('rank')} (host {s.get('host')}) {s.get('slowdown', 0):.2f}x"
+                      for s in named["stragglers"])
+    return f"{ranks} the median compute time, named at step {named['step']}"
 
 
 def duration(seconds: float | None) -> str:
@@ -136,7 +151,11 @@ def lines(f: dict) -> list[str]:
         out.append(("overrides", shlex.join(f["overrides"])))
     if f["excluded_nodes"]:
         out.append(("excluded", ", ".join(f["excluded_nodes"]) + " (bad nodes, RUN_DIR/nodes.json)"))
+    if f["stragglers"]:
+        out.append(("stragglers", straggler_line(f["stragglers"])))
     text = [f"{key:<11} {value}" for key, value in out]
+    for i, (key, value) in enumerate(goodput.summary_lines(f["goodput"])):
+        text.append(f"{key:<11} {value}" if i == 0 else f"  {key + ':':<17} {value}")
     if len(f["launches"]) > 1:
         text.append("launches")
         text += [f"  {_launch_line(entry)}" for entry in f["launches"]]

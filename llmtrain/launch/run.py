@@ -25,6 +25,8 @@ from llmtrain.launch.supervision.failures import rank_statuses, stopped_short
 from llmtrain.launch.container import default_python_note
 from llmtrain.launch.supervision.hang_report import HangDetected
 from llmtrain.launch.supervision.monitor import Monitor, RendezvousTimeout
+from llmtrain.launch.goodput_entry import record_start
+from llmtrain.rundir import goodput
 from llmtrain.launch.run_lock import RunDirLock
 from llmtrain.parallel.layout import ParallelDims
 from llmtrain.train.trackers.stores import check_tracker_stores
@@ -193,12 +195,16 @@ def _run(cfg: DictConfig, backend, console, resolution: Resolution) -> int:
     # right after sbatch; a following launcher holds the lock itself until the job ends). The workers' first
     # start loads the checkpoint recorded here: the one this launcher announced.
     record = LaunchRecord.start(cfg, backend, resolution.to_record())
+    started = time.time()
+    goodput.clear_events(cfg.run.dir)
     code = None
     try:
         code = _start_and_follow(cfg, backend, console, record)
         return code
     finally:
         record.ended(code, getattr(backend, "job_id", None))
+        if backend.owns_processes:  # a Slurm job's starts are its own (the batch script records them)
+            record_start(cfg.run.dir, started, launch=record.entry["launch"])
 
 
 def start_line(run_dir: str, dims: ParallelDims, nnodes: int, hosts: list[str], backend_name: str) -> str:

@@ -1,5 +1,5 @@
 """`llmtrain report RUN_DIR`: plots (loss, learning rate, throughput) and a summary table of one run, read from
-its metrics.jsonl and config.yaml."""
+its metrics.jsonl and config.yaml, with the stragglers named and the goodput ledger (goodput.json)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,10 @@ import statistics
 
 from llmtrain.config.errors import ConfigError
 from llmtrain.console import fold_table, get_console, plain
+from llmtrain.jobs.status import straggler_line
 from llmtrain.report.plotting import NO_PLOTS, PLOT_EXTRA, pyplot
 from llmtrain.report.source_table import plot_source_val_loss, source_rows, val_loss_step
+from llmtrain.rundir import goodput
 from llmtrain.rundir.metrics_file import read_metrics
 from llmtrain.rundir.atomic import atomic_path
 from llmtrain.rundir.paths import RunPaths
@@ -128,6 +130,12 @@ def summarize(run_dir: str, rows: list[dict], cfg=None) -> list[tuple[str, str]]
     elapsed = [v for v in (_num(r, "elapsed_s") for r in rows) if v is not None]
     if elapsed:
         out.append(("elapsed", fmt_duration(max(elapsed))))
+    named = [r for r in rows if r.get("stragglers")]
+    if named:
+        out.append(("stragglers", straggler_line({"step": named[-1].get("step"), "stragglers": named[-1]["stragglers"]})
+                    + f" ({len(named)} time(s) in all)"))
+    out += [(label if i == 0 else f"  {label}", value)
+            for i, (label, value) in enumerate(goodput.summary_lines(goodput.read_ledger(run_dir)))]
     return out
 
 

@@ -15,6 +15,7 @@
       job.json                    every launch into this directory (rundir.job_record)
       nodes.json                  per host: failures, hangs, stragglers, across launches (rundir.node_ledger)
       hangs/<time>/               a hang's evidence and verdict: stacks, collective traces, log tails (rundir.hang_files)
+      goodput.json                per start: allocated time split into productive, queue, start-up, saves, lost work, restarts (rundir.goodput)
       previous/<time>/            earlier runs moved aside by run.overwrite=true
       checkpoints/step-NNNNNNN/   DCP shards, config.yaml, meta.json (llmtrain.checkpoint.store)
       slurm/job.sbatch            the submitted script (cluster=slurm)
@@ -39,6 +40,7 @@ LOCK = ".lock"
 JOB_RECORD = "job.json"
 NODES = "nodes.json"
 HANGS = "hangs"
+GOODPUT = "goodput.json"
 PREVIOUS = "previous"
 CHECKPOINTS = "checkpoints"
 SLURM = "slurm"
@@ -126,6 +128,20 @@ class RunPaths:
     @property
     def nodes(self) -> str:
         return self._join(NODES)
+
+    @property
+    def goodput(self) -> str:
+        return self._join(GOODPUT)
+
+    @property
+    def goodput_events(self) -> str:
+        """Rank 0's timeline of the current start (steps, saves, restarts), for the goodput ledger."""
+        return self._join(LOGS, "goodput-events.jsonl")
+
+    @property
+    def goodput_start(self) -> str:
+        """A Slurm start's wall-clock beginning and queue wait, read at its end."""
+        return self._join(LOGS, "goodput-start.json")
 
     @property
     def hangs(self) -> str:

@@ -1,7 +1,8 @@
 """Faults on purpose, for tests of the paths real faults take: LLMTRAIN_INJECT_NONFINITE="STEP:RANK[,STEP:RANK]"
 puts an inf into one gradient of that rank after the backward of that (1-based) step, so overflow handling can be
-tested where only one rank overflows. Read once when training starts; without it the training loop has no hook.
-LLMTRAIN_INJECT_HANG (below) makes one rank hang in one of three ways."""
+tested where only one rank overflows. LLMTRAIN_INJECT_HANG makes one rank hang in one of three ways,
+LLMTRAIN_INJECT_SLOWDOWN makes one rank a straggler and LLMTRAIN_INJECT_EXIT kills one (below). Read once when
+training starts; without them the training loop has no hook."""
 
 from __future__ import annotations
 
@@ -59,3 +60,44 @@ def injected_hangs(rank: int) -> set[tuple[str, int]]:
 def hang_here() -> None:
     """What an injected hang does: nothing for an hour (the launcher's hang detection ends it long before)."""
     time.sleep(HANG_S)
+
+
+SLOWDOWN_ENV = "LLMTRAIN_INJECT_SLOWDOWN"
+
+
+def compute_slowdown(rank: int) -> Callable[[int, float], None] | None:
+    """LLMTRAIN_INJECT_SLOWDOWN="RANK:FACTOR:FROM_STEP": from that (1-based) step on, that rank sleeps inside its
+    compute region for (FACTOR - 1) times the compute it just did, as a rank FACTOR times slower would take.
+    A hook (step, compute seconds so far) for this rank, or None."""
+    spec = os.environ.get(SLOWDOWN_ENV)
+    if not spec:
+        return None
+    target, factor, from_step = spec.split(":")
+    if int(target) != rank:
+        return None
+
+    def slow_down(step: int, compute_s: float) -> None:
+        if step >= int(from_step):
+            time.sleep((float(factor) - 1) * compute_s)
+
+    return slow_down
+
+
+EXIT_ENV = "LLMTRAIN_INJECT_EXIT"
+
+
+def exit_fault(rank: int) -> Callable[[int], None] | None:
+    """LLMTRAIN_INJECT_EXIT="STEP:RANK": that rank dies (exit 1, nothing recorded) before that (1-based) step of
+    the first attempt, as a crashed process would; torchrun's restarts run on unharmed. A hook (step) or None."""
+    spec = os.environ.get(EXIT_ENV)
+    if not spec or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")):
+        return None
+    step, target = (int(v) for v in spec.split(":"))
+    if target != rank:
+        return None
+
+    def die(current: int) -> None:
+        if current == step:
+            os._exit(1)
+
+    return die

@@ -15,7 +15,7 @@ from llmtrain.train.optim import lr_at
 class StepLog:
     def __init__(self, train_cfg, metrics: MetricsWriter, log: Callable[..., None], tokens_per_step: int,
                  flops_per_token: float, peak_flops: float | None, world_size: int, scaler,
-                 memory_gib: Callable[[], float], feed):
+                 memory_gib: Callable[[], float], feed, stragglers=None, events=None):
         self.t = train_cfg
         self.metrics = metrics
         self.log = log
@@ -26,6 +26,8 @@ class StepLog:
         self.scaler = scaler
         self.memory_gib = memory_gib
         self.feed = feed  # a DataFeed: data_wait_ms and source_tokens
+        self.stragglers = stragglers  # a StragglerWatch, or None when detection is off
+        self.events = events  # GoodputEvents: the ledger's timeline
         self.window_start, self.window_tokens = time.perf_counter(), 0
 
     def due(self, step: int) -> bool:
@@ -52,6 +54,11 @@ class StepLog:
             row["mfu"] = row["tflops"] * 1e12 / self.peak_flops
         if self.scaler.enabled:
             row.update(loss_scale=self.scaler.scale, skipped_steps=self.scaler.skipped_steps)
+        named = self.stragglers.interval_done() if self.stragglers is not None else []
+        if named:
+            row["stragglers"] = named
+        if self.events is not None:
+            self.events.record("step", step)
         self.metrics.write(row)
         mfu = f"{row['mfu']:.1%}" if "mfu" in row else "-"
         self.log(f"step {step:>6}/{self.t.max_steps} | loss {row['loss']:.4f} | lr {row['lr']:.2e} | "

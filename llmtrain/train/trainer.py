@@ -30,14 +30,16 @@ from llmtrain.train.evaluation import EvalResult, evaluate
 from llmtrain.train.memory import PeakMemory, SavedActivations
 from llmtrain.train.mfu import model_flops
 from llmtrain.train.collective_trace import TRACE
-from llmtrain.train.fault_injection import (SKIP_COLLECTIVE, SLEEP_IN_STEP, gradient_fault, hang_here,
-                                            injected_hangs)
+from llmtrain.train.fault_injection import (SKIP_COLLECTIVE, SLEEP_IN_STEP, compute_slowdown, exit_fault,
+                                            gradient_fault, hang_here, injected_hangs)
+from llmtrain.train.goodput_events import GoodputEvents
 from llmtrain.train.metrics import MetricsWriter
 from llmtrain.train.preemption import Preempted, PreemptionFlag
 from llmtrain.train.progress_beat import ProgressBeat
 from llmtrain.train.save_schedule import SaveSchedule
 from llmtrain.train.step_log import StepLog
 from llmtrain.train.step_profiler import StepProfiler
+from llmtrain.train.straggler_watch import watch_stragglers
 from llmtrain.train.trackers.fanout import open_trackers
 from llmtrain.train.optim import build_optimizer, lr_at, resolve_fused, set_lr
 from llmtrain.rundir.paths import RunPaths
@@ -111,6 +113,9 @@ class Trainer:
         self.hangs = injected_hangs(self.rank)
         self.feed.hang_at = self.hangs
         self.beat = ProgressBeat(run_dir, self.rank)
+        self.slowdown, self.exit_fault = compute_slowdown(self.rank), exit_fault(self.rank)
+        self.compute, self.stragglers = watch_stragglers(cfg.launch, device, self.log, run_dir, is_logger)
+        self.events = GoodputEvents(run_dir, enabled=is_logger)
         self.ckpt = CheckpointManager(cfg, run_dir, self.log, self.model, self.optimizer, self.state)
         self.resume(launched)
         metrics_path = RunPaths(run_dir).metrics if is_logger else None
@@ -200,7 +205,11 @@ class Trainer:
     def train_step(self) -> StepResult:
         for part in self.model.parts:
             part.train()
+        if self.exit_fault is not None:
+            self.exit_fault(self.step + 1)
+        self.compute.start()
         local_loss = self.forward_backward()
+        compute_s = self.compute.stop()
         if self.fault is not None:
             self.fault(self.step + 1, self.params)
         if (SLEEP_IN_STEP, self.step + 1) in self.hangs:
@@ -224,8 +233,14 @@ class Trainer:
         if not bad:
             set_lr(self.optimizer, lr_at(self.step, self.cfg.train))
             self.ckpt.wait_for_staging()
+            self.compute.start()
             self.optimizer.step()
+            compute_s += self.compute.stop()
             self.model.after_optimizer_step()
+        if self.slowdown is not None:  # inside a compute region, as a slower rank's own work would be
+            self.compute.start()
+            self.slowdown(self.step + 1, compute_s)
+            self.compute.stop()
         if self.step == 0:
             self.state_bytes = self.local_state_bytes()
             self.state_bytes["activations"] = self.saved_activations.total
@@ -304,7 +319,9 @@ class Trainer:
             self._close()
             return
         step_log = StepLog(t, self.metrics, self.log, Derived.of(self.cfg).tokens_per_step, self.flops_per_token,
-                           self.peak_flops, dist.get_world_size(), self.scaler, self.memory_gib, self.feed)
+                           self.peak_flops, dist.get_world_size(), self.scaler, self.memory_gib, self.feed,
+                           self.stragglers, self.events)
+        self.events.record("train", self.step)
         while self.step < last:
             result, step_time = self._timed_step(first_step)
             state.advance(t.global_batch_size, step_log.tokens_per_step)
@@ -326,6 +343,7 @@ class Trainer:
             with self.beat.phase("checkpoint"):
                 self.save_checkpoint(asynchronous=False)
         self.ckpt.wait()
+        self.events.record("end", self.step)
         self._close()
         this_launch = time.perf_counter() - state.segment_start
         resumed = f" ({self.step - first_step} since resuming at step {first_step}, in {this_launch:.1f} s)" \
@@ -412,7 +430,9 @@ class Trainer:
             where = f"the last good checkpoint is {good[0]}" if good else "this run has no earlier checkpoint"
             self.log(f"llmtrain: step {self.step}: not saving a checkpoint: {why} ({where})", flush=True)
         else:
+            started = time.perf_counter()
             self.ckpt.save(asynchronous=asynchronous)
+            self.events.record("save", self.step, blocked_s=time.perf_counter() - started)
         self.save_schedule.restart_clock()  # the next interval counts training time, not this save's
         return not why
 

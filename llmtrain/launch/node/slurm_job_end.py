@@ -24,6 +24,7 @@ import time
 
 from llmtrain.console import say
 from llmtrain.launch.node import slurm_requeue
+from llmtrain.launch.goodput_entry import slurm_start_ended
 from llmtrain.launch.supervision.failures import rank_statuses
 from llmtrain.rundir.paths import RunPaths
 from llmtrain.slurm import client
@@ -110,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     noticed = argv[4:] == ["1"]
     # Set by the batch script when a cluster.setup line failed before srun (slurm.py).
     setup_failed = os.environ.get("LLMTRAIN_SETUP_FAILED") == "1"
+    slurm_start_ended(run_dir, os.environ.get("SLURM_JOB_ID", ""))  # before a requeue starts the next one
     return job_end(run_dir, srun_exit, notice_s, may_requeue, os.environ.get("SLURM_JOB_ID", ""), noticed,
                    setup_failed)
 

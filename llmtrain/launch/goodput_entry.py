@@ -1,0 +1,63 @@
+"""The end of a start: its entry in RUN_DIR/goodput.json (llmtrain.rundir.goodput), from rank 0's timeline and the
+newest complete checkpoint (what the next start resumes from, for an attempt that did not finish). Called by the
+launcher for local and ssh launches, and by a Slurm job's batch script (slurm_job_start / slurm_job_end) for each
+start of the job."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+
+from llmtrain.checkpoint import store
+from llmtrain.rundir.atomic import atomic_write_json
+from llmtrain.rundir.paths import RunPaths
+from llmtrain.rundir import goodput
+
+
+
+def record_start(run_dir: str, started: float, queue_s: float = 0.0, launch: int | None = None,
+                 job_id: str | None = None) -> dict:
+    latest, _ = store.latest_complete(run_dir)
+    ended = time.time()
+    entry = goodput.ledger_entry(goodput.read_events(run_dir), started, ended, queue_s=queue_s,
+                                 kept_step=latest.step if latest else 0)
+    entry = {"launch": launch, "job_id": job_id, "started_at": round(started, 3), "ended_at": round(ended, 3),
+             **entry}
+    goodput.append_entry(run_dir, entry)
+    return entry
+
+
+def slurm_queue_s(run_dir: str, fields: dict[str, str], requeued: bool) -> float:
+    """A job's first start: SubmitTime to StartTime of `scontrol show job`; a requeued start: the previous start's
+    end (in the ledger) to StartTime, whatever Slurm keeps as SubmitTime. 0 when unknown."""
+    def stamp(key: str) -> float | None:
+        try:
+            return time.mktime(time.strptime(fields.get(key, ""), "%Y-%m-%dT%H:%M:%S"))
+        except ValueError:
+            return None
+
+    start = stamp("StartTime")
+    starts = goodput.read_ledger(run_dir)
+    since = starts[-1].get("ended_at") if requeued and starts else stamp("SubmitTime")
+    return max(0.0, start - since) if start is not None and isinstance(since, (int, float)) else 0.0
+
+
+def slurm_start_began(run_dir: str, queue_s: float) -> None:
+    """At a Slurm start, before any worker runs: an empty timeline, and when this start began."""
+    goodput.clear_events(run_dir)
+    path = RunPaths(run_dir).goodput_start
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with contextlib.suppress(OSError):
+        atomic_write_json(path, {"started": time.time(), "queue_s": queue_s})
+
+
+def slurm_start_ended(run_dir: str, job_id: str) -> None:
+    """At a Slurm start's end: its ledger entry (nothing when its beginning was not recorded)."""
+    try:
+        with open(RunPaths(run_dir).goodput_start) as f:
+            began = json.load(f)
+    except (OSError, ValueError):
+        return
+    record_start(run_dir, began["started"], queue_s=began.get("queue_s", 0.0), job_id=job_id)
