@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from test_jobs import make_run
+from helpers.fake_run import make_run
 
 
 def run_into_closed_pipe(args: list[str]) -> tuple[int, str]:

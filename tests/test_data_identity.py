@@ -10,6 +10,8 @@ import os
 import pytest
 from omegaconf import OmegaConf
 
+from helpers.bytes_edit import flip
+
 from llmtrain.data import identity
 from llmtrain.data.identity import BLOCK_BYTES, BLOCKS, block_offsets, data_changes, data_identity, file_identity
 
@@ -25,14 +27,6 @@ def token_pair(path, size: int, seed: int = 0) -> str:
 
 def memmap(path) -> OmegaConf:
     return OmegaConf.create({"name": "memmap", "path": str(path)})
-
-
-def flip(path, offset: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        byte = f.read(1)
-        f.seek(offset)
-        f.write(bytes([byte[0] ^ 0xFF]))
 
 
 def test_same_file_same_identity_and_a_changed_sampled_block_changes_it(tmp_path):

@@ -408,7 +408,7 @@ def test_float8_training_tracks_bf16_on_cpu(recipe, bf16_losses):
 
 
 def _run_rank(rank: int, world: int, overrides: list[str], run_dir: str) -> None:
-    """One rank of a CPU job in a process of its own (torch.multiprocessing), on a simulated H100."""
+    """One rank of a CPU job in a process forked from this one (helpers.ranks), on a simulated H100."""
     hardware.device_name = lambda device_type=None: H100
     hardware.device_capability = lambda: "9.0"
     hardware.device_memory_gib = lambda: 80.0
@@ -425,12 +425,10 @@ def _run_rank(rank: int, world: int, overrides: list[str], run_dir: str) -> None
 
 
 def spawn_run(run_dir, *overrides: str, world: int = 2) -> dict[int, float]:
-    import torch.multiprocessing as mp
-
     run_dir.mkdir(exist_ok=True)
     for old in run_dir.glob("pg-*"):
         old.unlink()
-    mp.spawn(_run_rank, args=(world, list(overrides), str(run_dir)), nprocs=world)
+    run_ranks(world, _run_rank, list(overrides), str(run_dir), init_group=False)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     return {r["step"]: r["loss"] for r in rows if "loss" in r}
 

@@ -18,7 +18,7 @@ from llmtrain.launch.config_probes import validate_here
 from llmtrain.data.identity import data_changes, data_identity
 from llmtrain.data.mixture_config import source_names
 from llmtrain.launch.container import own_paths
-from test_data_identity import flip
+from helpers.bytes_edit import flip
 
 SEQ = 128  # gpt-tiny's model.seq_len
 

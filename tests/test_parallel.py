@@ -1,7 +1,9 @@
 """Hybrid parallelism: every layout trains the same model as one process (fp32, CPU + gloo).
 
-Each layout runs 10 steps through `llmtrain launch` on the embedded stdlib data and must match the 1-process
-losses and gradient norms to 1e-5. Sharding is checked in bytes, and tensor parallel's communication is counted.
+Each layout runs 10 steps on the embedded stdlib data and must match the 1-process losses and gradient norms to
+1e-5. The layouts train in ranks forked from the test process (helpers.inprocess_run: the real run directory and
+worker, without torchrun's start-up); the 3-D layout goes through `llmtrain launch` end to end. Sharding is checked
+in bytes, and tensor parallel's communication is counted.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import sys
 
 import pytest
 from conftest import REPO, SMALL, launch
+from helpers.inprocess_run import train_in_process as train
 
 pytestmark = pytest.mark.slow
 PARITY = SMALL + ["train.max_steps=10", "train.global_batch_size=8", "train.micro_batch_size=2"]
@@ -41,7 +44,7 @@ LAYOUTS = {
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("ref") / "run"
-    rows = launch(run_dir, *PARITY, "cluster.nproc_per_node=1")
+    rows = train(run_dir, *PARITY, "cluster.nproc_per_node=1")
     return {r["step"]: r for r in rows if "loss" in r}
 
 
@@ -62,7 +65,7 @@ def assert_parity(rows, reference, label, steps=range(1, 11)):
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_layout_matches_one_process(name, reference, tmp_path):
     nproc, overrides = LAYOUTS[name]
-    rows = launch(tmp_path / name, *PARITY, f"cluster.nproc_per_node={nproc}", *overrides)
+    rows = train(tmp_path / name, *PARITY, f"cluster.nproc_per_node={nproc}", *overrides)
     assert_parity(rows, reference, name)
 
 
@@ -82,25 +85,25 @@ def _state_bytes(run_dir, ranks):
 
 
 def test_zero3_shards_params_grads_and_optimizer_state(reference, tmp_path):
-    one = _state_bytes(launch(tmp_path / "one", *SMALL, "train.max_steps=1", "cluster.nproc_per_node=1")
+    one = _state_bytes(train(tmp_path / "one", *SMALL, "train.max_steps=1", "cluster.nproc_per_node=1")
                        and tmp_path / "one", 1)[0]
     n = 4
     run_dir = tmp_path / "zero3"
-    launch(run_dir, *SMALL, "train.max_steps=1", f"cluster.nproc_per_node={n}", "parallel.zero=3",
+    train(run_dir, *SMALL, "train.max_steps=1", f"cluster.nproc_per_node={n}", "parallel.zero=3",
            "train.micro_batch_size=2")
     for rank, b in enumerate(_state_bytes(run_dir, n)):
         for kind in ("params", "grads", "optimizer"):
             assert b[kind] <= 1.1 * one[kind] / n, f"rank {rank} {kind}: {b[kind]} > 1.1 x {one[kind]} / {n}"
     # zero=0 keeps everything on every rank
     run_dir = tmp_path / "zero0"
-    launch(run_dir, *SMALL, "train.max_steps=1", "cluster.nproc_per_node=2", "parallel.zero=0")
+    train(run_dir, *SMALL, "train.max_steps=1", "cluster.nproc_per_node=2", "parallel.zero=0")
     assert all(b["params"] == one["params"] and b["optimizer"] == one["optimizer"] for b in _state_bytes(run_dir, 2))
 
 
 def test_tp_splits_block_matrices(tmp_path):
     one_dir, tp_dir = tmp_path / "one", tmp_path / "tp4"
-    launch(one_dir, *SMALL, "train.max_steps=1", "cluster.nproc_per_node=1")
-    launch(tp_dir, *SMALL, "train.max_steps=1", "cluster.nproc_per_node=4", "parallel.tp=4")
+    train(one_dir, *SMALL, "train.max_steps=1", "cluster.nproc_per_node=1")
+    train(tp_dir, *SMALL, "train.max_steps=1", "cluster.nproc_per_node=4", "parallel.tp=4")
     full = _state_bytes(one_dir, 1)[0]["block_matrix_params"]
     assert [b["block_matrix_params"] for b in _state_bytes(tp_dir, 4)] == [full // 4] * 4
 
@@ -124,8 +127,8 @@ def test_tensor_parallel_issues_the_megatron_minimum_per_layer(tmp_path):
 def test_pipeline_evaluation_matches_one_process(tmp_path):
     """Validation loss under PP x TP (schedule eval on the last stage) equals one process's."""
     args = [*PARITY, "train.max_steps=4", "train.eval_interval=2", "train.eval_steps=2"]
-    one = launch(tmp_path / "one", *args, "cluster.nproc_per_node=1")
-    pp = launch(tmp_path / "pp", *args, "cluster.nproc_per_node=4", "parallel.pp=2", "parallel.tp=2")
+    one = train(tmp_path / "one", *args, "cluster.nproc_per_node=1")
+    pp = train(tmp_path / "pp", *args, "cluster.nproc_per_node=4", "parallel.pp=2", "parallel.tp=2")
     want = {r["step"]: r["val_loss"] for r in one if "val_loss" in r}
     got = {r["step"]: r["val_loss"] for r in pp if "val_loss" in r}
     assert sorted(got) == sorted(want) == [2, 4]
@@ -147,14 +150,14 @@ LLAMA_LAYOUTS = {
 
 @pytest.fixture(scope="module")
 def llama_reference(tmp_path_factory):
-    rows = launch(tmp_path_factory.mktemp("llama-ref") / "run", *LLAMA, "cluster.nproc_per_node=1")
+    rows = train(tmp_path_factory.mktemp("llama-ref") / "run", *LLAMA, "cluster.nproc_per_node=1")
     return {r["step"]: r for r in rows if "loss" in r}
 
 
 @pytest.mark.parametrize("name", list(LLAMA_LAYOUTS))
 def test_llama_layout_matches_one_process(name, llama_reference, tmp_path):
     nproc, overrides = LLAMA_LAYOUTS[name]
-    rows = launch(tmp_path / name, *LLAMA, f"cluster.nproc_per_node={nproc}", *overrides)
+    rows = train(tmp_path / name, *LLAMA, f"cluster.nproc_per_node={nproc}", *overrides)
     assert_parity(rows, llama_reference, f"llama {name}")
 
 
@@ -162,13 +165,13 @@ def test_llama_dp2_tp2_matches_and_its_checkpoint_resumes_under_pp2(llama_refere
     """DP2 x TP2 (ZeRO-3, GQA heads split) over 10 steps, then its step-5 checkpoint resumed by a pipeline
     (PP2, 1F1B) in another run directory: steps 6..10 continue the one-process losses."""
     saved = tmp_path / "dp2_tp2"
-    rows = launch(saved, *LLAMA, "cluster.nproc_per_node=4", "parallel.tp=2", "parallel.zero=3",
+    rows = train(saved, *LLAMA, "cluster.nproc_per_node=4", "parallel.tp=2", "parallel.zero=3",
                   "checkpoint.interval=5")
     assert_parity(rows, llama_reference, "llama dp2 x tp2")
     # Block matrices split 4 ways, k and v too: per layer q, proj 64 x 64, k, v 32 x 64, SwiGLU 3 x 64 x 192; fp32.
     block_bytes = 4 * (2 * 64 * 64 + 2 * 32 * 64 + 3 * 64 * 192) * 4
     assert [b["block_matrix_params"] for b in _state_bytes(saved, 4)] == [block_bytes // 4] * 4
-    rows = launch(tmp_path / "resumed", *LLAMA, "cluster.nproc_per_node=2", "parallel.pp=2",
+    rows = train(tmp_path / "resumed", *LLAMA, "cluster.nproc_per_node=2", "parallel.pp=2",
                   f"checkpoint.resume={saved / 'checkpoints' / 'step-0000005'}")
     assert_parity(rows, llama_reference, "llama dp2 x tp2 -> pp2 from step 5", steps=range(6, 11))
 
@@ -177,8 +180,8 @@ def test_untied_llama_pp2_zbv_tp2_matches_one_process(tmp_path):
     """An untied head (Llama 3 8B's) lives on the last pipeline stage alone (here with the first, on rank 0 of a
     V-shaped schedule) and is column-parallel under TP."""
     untied = [*LLAMA, "model.tie_embeddings=false"]
-    one = {r["step"]: r for r in launch(tmp_path / "one", *untied, "cluster.nproc_per_node=1") if "loss" in r}
-    rows = launch(tmp_path / "pp2_tp2", *untied, "cluster.nproc_per_node=4", "parallel.pp=2", "parallel.tp=2",
+    one = {r["step"]: r for r in train(tmp_path / "one", *untied, "cluster.nproc_per_node=1") if "loss" in r}
+    rows = train(tmp_path / "pp2_tp2", *untied, "cluster.nproc_per_node=4", "parallel.pp=2", "parallel.tp=2",
                   "parallel.sequence_parallel=true", "parallel.pp_schedule=zbv", "parallel.virtual_stages=2")
     assert_parity(rows, one, "untied llama pp2 (zbv) x tp2")
 
@@ -186,7 +189,7 @@ def test_untied_llama_pp2_zbv_tp2_matches_one_process(tmp_path):
 def test_llama_fp16_with_loss_scaling_tracks_fp32_under_tp2(llama_reference, tmp_path):
     """fp16 autocast with dynamic loss scaling under TP2: within 2e-4 of the fp32 one-process losses at every step
     (measured 4.0e-5), the scale at its starting 2^16 with no step skipped."""
-    rows = {r["step"]: r for r in launch(tmp_path / "fp16", *LLAMA, "cluster.nproc_per_node=2", "parallel.tp=2",
+    rows = {r["step"]: r for r in train(tmp_path / "fp16", *LLAMA, "cluster.nproc_per_node=2", "parallel.tp=2",
                                          "precision=fp16") if "loss" in r}
     assert sorted(rows) == list(range(1, 11))
     diff = max(abs(rows[s]["loss"] - llama_reference[s]["loss"]) for s in rows)

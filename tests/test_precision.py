@@ -7,7 +7,8 @@ import json
 
 import pytest
 import torch
-from conftest import SMALL, launch, read_rows, run_cli, train_losses
+from conftest import SMALL, read_rows, run_cli, train_losses
+from helpers.inprocess_run import train_in_process as train
 
 pytestmark = pytest.mark.slow
 BASE = SMALL + ["train.global_batch_size=8", "train.micro_batch_size=2"]
@@ -27,11 +28,10 @@ def optimizer_steps(ckpt_dir) -> set[float]:
 
 
 @pytest.mark.parametrize("layout", [["parallel.tp=2"], ["parallel.pp=2"]], ids=["tp2", "pp2"])
-def test_fp16_overflow_on_one_rank_is_skipped_by_every_rank(layout, tmp_path):
+def test_fp16_overflow_on_one_rank_is_skipped_by_every_rank(layout, tmp_path, monkeypatch):
     run_dir = tmp_path / "run"
-    result = run_cli(["launch", f"run.dir={run_dir}", *BASE, "precision=fp16", "train.max_steps=6", *layout],
-                     env={"LLMTRAIN_INJECT_NONFINITE": "3:1"})  # an inf in one gradient of rank 1 at step 3
-    assert result.returncode == 0, result.stdout[-3000:]
+    monkeypatch.setenv("LLMTRAIN_INJECT_NONFINITE", "3:1")  # an inf in one gradient of rank 1 at step 3
+    train(run_dir, *BASE, "precision=fp16", "train.max_steps=6", *layout)
     rows = {r["step"]: r for r in read_rows(run_dir) if "loss" in r}
     assert rows[2]["loss_scale"] == 65536.0 and rows[3]["loss_scale"] == 32768.0  # halved once
     assert rows[2]["skipped_steps"] == 0 and rows[6]["skipped_steps"] == 1
@@ -47,7 +47,7 @@ def test_bf16_and_fp16_track_fp32_over_50_steps(tmp_path):
             "train.micro_batch_size=8", "checkpoint.at_end=false"]
     curves = {}
     for precision in ("fp32", "bf16", "fp16"):
-        launch(tmp_path / precision, *args, f"precision={precision}")
+        train(tmp_path / precision, *args, f"precision={precision}")
         curves[precision] = train_losses(tmp_path / precision)
     ref = curves["fp32"]
     assert ref[50] < ref[1] - 1.0
@@ -83,10 +83,10 @@ def test_consecutive_nonfinite_steps_stop_with_last_good_checkpoint(tmp_path):
 @pytest.mark.parametrize("layout", [["parallel.tp=2"], ["parallel.pp=2"]], ids=["tp2", "pp2"])
 def test_recompute_modes_match_none(layout, tmp_path):
     args = [*BASE, "train.max_steps=6", "checkpoint.at_end=false", *layout]
-    none = train_losses(launch(tmp_path / "none", *args) and tmp_path / "none")
+    none = train_losses(train(tmp_path / "none", *args) and tmp_path / "none")
     for mode in (["recompute=full"], ["recompute=selective"], ["recompute=full", "recompute.every=2"]):
         name = "_".join(mode).replace("=", "-").replace(".", "-")
-        losses = train_losses(launch(tmp_path / name, *args, *mode) and tmp_path / name)
+        losses = train_losses(train(tmp_path / name, *args, *mode) and tmp_path / name)
         diff = max(abs(losses[s] - none[s]) for s in none)
         assert diff <= 1e-6, f"{mode} under {layout}: {diff}"
 
@@ -95,7 +95,7 @@ def test_fused_torch_under_tensor_parallel_matches_the_plain_loop(tmp_path):
     """TP2 keeps the LayerNorms plain next to DTensor matrices: torch's fused AdamW runs once per layout group."""
     args = [*BASE, "train.max_steps=4", "checkpoint.at_end=false", "parallel.tp=2"]
     for kernel in ("none", "torch"):
-        launch(tmp_path / kernel, *args, f"optim.fused={kernel}")
+        train(tmp_path / kernel, *args, f"optim.fused={kernel}")
     plain, fused = train_losses(tmp_path / "none"), train_losses(tmp_path / "torch")
     assert sorted(fused) == [1, 2, 3, 4] and fused[4] < fused[1]
     assert max(abs(fused[s] - plain[s]) for s in plain) <= 1e-6

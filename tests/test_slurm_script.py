@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO
-from test_cluster_config import fake, slurm_cfg  # noqa: F401  (fake: the fixture)
+from helpers.fake_slurm import fake, slurm_cfg  # noqa: F401  (fake: the fixture)
 
 from llmtrain.cli import main
 from llmtrain.config import ConfigError, to_yaml
