@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # Import name -> distribution name, where they differ.
 DISTRIBUTIONS = {"hydra": "hydra-core"}
 # Optional and not on PyPI: built from source by users, refused with a one-line hint when missing.

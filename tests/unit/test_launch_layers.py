@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "llmtrain"
+PACKAGE = Path(__file__).resolve().parents[2] / "llmtrain"
 # What each room may import of llmtrain.launch besides itself, and whether it may import anything else of llmtrain.
 LAUNCH_ALLOWED = {
     "launch/supervision": (),

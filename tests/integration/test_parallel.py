@@ -111,7 +111,7 @@ def test_tp_splits_block_matrices(tmp_path):
 def test_tensor_parallel_issues_the_megatron_minimum_per_layer(tmp_path):
     out = tmp_path / "counts.json"
     subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
-                    str(REPO / "tests" / "dist" / "comm_count.py"), str(out)], check=True, timeout=300,
+                    str(REPO / "tests" / "integration" / "dist" / "comm_count.py"), str(out)], check=True, timeout=300,
                    capture_output=True, cwd=tmp_path)
     counts = json.loads(out.read_text())
     for prefix in ("", "llama_"):  # Llama's GQA k/v, SwiGLU gate and RMSNorms add no collective

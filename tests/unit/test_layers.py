@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parent.parent / "llmtrain"
+PACKAGE = Path(__file__).resolve().parents[2] / "llmtrain"
 
 # From the ground up; names on one line form one layer and may import each other.
 LAYERS = [
