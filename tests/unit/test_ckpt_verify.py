@@ -7,81 +7,22 @@ damages one works on a copy. Across layouts (dp=2, tp=2: two processes each) is 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import signal
-import warnings
 import zlib
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed.checkpoint as dcp
+from helpers.ckpt_runs import TINY, cli, full_state, run, shard, train  # noqa: F401  (run: the fixture)
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-from llmtrain.cli import main
-from llmtrain.config import compose_config
-from llmtrain.launch.config_probes import validate_here
-
-TINY = ["data=synthetic", "model.n_layers=2", "model.d_model=32", "model.n_heads=2", "model.seq_len=32",
-        "train.micro_batch_size=4", "train.global_batch_size=4", "train.log_interval=1", "train.eval_interval=0",
-        "train.warmup_steps=1", "train.lr=1e-2", "train.max_steps=4", "checkpoint.interval=2", "checkpoint.keep=5"]
-
-
-def train(run_dir: Path, rank: int = 0, world: int = 1, overrides: tuple[str, ...] = ()) -> None:
-    import torch.distributed as dist
-
-    from llmtrain.train.trainer import Trainer
-
-    cfg = compose_config([*TINY, f"run.dir={run_dir}", f"cluster.nproc_per_node={world}", *overrides])
-    validate_here(cfg)
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1)}
-    dist.init_process_group("gloo", init_method=f"file://{run_dir}/pg-store", rank=rank, world_size=world)
-    try:
-        Trainer(cfg, str(run_dir), torch.device("cpu")).train()
-    finally:
-        dist.destroy_process_group()
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
-
-
-@pytest.fixture(scope="module")
-def run(tmp_path_factory) -> Path:
-    run_dir = tmp_path_factory.mktemp("ckv") / "run"
-    run_dir.mkdir()
-    train(run_dir)
-    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-0000002", "step-0000004"]
-    return run_dir
 
 
 @pytest.fixture
 def ckpt(run, tmp_path) -> Path:
     """A copy of step 4 to damage."""
     return Path(shutil.copytree(run / "checkpoints" / "step-0000004", tmp_path / "step-0000004"))
-
-
-def cli(capsys, *args: str) -> tuple[int, str, str]:
-    code = main(["ckpt", *args])
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
-def full_state(path: Path) -> dict[str, torch.Tensor]:
-    """Every model and optimizer tensor of a checkpoint, loaded at once by DCP (the test's own reading)."""
-    md = FileSystemReader(str(path)).read_metadata()
-    state = {k: torch.empty(tuple(m.size), dtype=m.properties.dtype) for k, m in md.state_dict_metadata.items()
-             if isinstance(m, TensorStorageMetadata) and k.startswith(("model.", "optim."))}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        dcp.load(state, checkpoint_id=str(path), no_dist=True)
-    return state
-
-
-def shard(path: Path) -> Path:
-    (only,) = path.glob("*.distcp")
-    return only
 
 
 def update_manifest(path: Path) -> None:
@@ -300,44 +241,6 @@ def test_values_compare_with_nan_equal_to_nan_and_inf_against_a_number():
     assert bf16.max_abs == 0.0078125  # other dtypes compare by value
 
 
-def test_the_command_exits_with_the_status_it_reports(run, tmp_path):
-    from conftest import run_cli
-
-    result = run_cli(["ckpt", "diff", "--model-only", str(run / "checkpoints" / "step-0000002"), str(run)])
-    assert result.returncode == 1 and result.stdout.splitlines()[-1].startswith("different: ")
-    bad = Path(shutil.copytree(run / "checkpoints" / "step-0000004", tmp_path / "step-0000004"))
-    shard(bad).write_bytes(shard(bad).read_bytes()[:-1])
-    result = run_cli(["ckpt", "verify", str(bad)])
-    assert result.returncode == 1 and "step-0000004/__0_0.distcp: " in result.stderr and result.stdout == ""
-
-
 # ---- layouts (several processes) -------------------------------------------------------------------------------
 
 
-def _train_rank(rank: int, world: int, run_dir: str, overrides: list[str]) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
-    train(Path(run_dir), rank, world, tuple(overrides))
-
-
-@pytest.mark.slow
-def test_dp2_and_tp2_checkpoints_verify_and_compare_across_layouts(run, tmp_path, capsys):
-    import torch.multiprocessing as mp
-
-    runs = {}
-    for name, layout in {"dp2": ["parallel.zero=3", "train.micro_batch_size=2"], "tp2": ["parallel.tp=2"]}.items():
-        runs[name] = tmp_path / name
-        runs[name].mkdir()
-        mp.spawn(_train_rank, args=(2, str(runs[name]), layout), nprocs=2)
-        code, out, err = cli(capsys, "verify", str(runs[name]))
-        assert code == 0, err
-        assert f"layout dp={2 if name == 'dp2' else 1} tp={2 if name == 'tp2' else 1} pp=1" in out
-    tp_chunks = FileSystemReader(str(runs["tp2"] / "checkpoints" / "step-0000004")).read_metadata()
-    assert len(tp_chunks.state_dict_metadata["model.layers.0.attn.q.weight"].chunks) == 2  # really resharded
-    compared = len(full_state(run / "checkpoints" / "step-0000004"))
-    # Same training, other reduction orders: equal within float32 rounding, except where AdamW turns a gradient
-    # that is all rounding into lr-sized steps (attn.k.bias, which softmax ignores: 1.9e-5 apart, measured).
-    for a, b in ((runs["dp2"], runs["tp2"]), (runs["tp2"], run)):
-        code, out, _ = cli(capsys, "diff", "--atol", "1e-4", str(a), str(b))
-        assert code == 0, out
-        assert out.splitlines()[-1] == f"identical: {compared} tensors compared, 0 differ, 0 only in A, " \
-                                       "0 only in B (atol 0.0001)"

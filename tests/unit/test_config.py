@@ -176,15 +176,6 @@ def test_bad_input_is_one_line_naming_the_key(overrides, key, tmp_path, capsys, 
     assert not run_dir.exists() and not (tmp_path / "runs").exists()
 
 
-def test_bad_input_from_the_real_binary_exits_2_without_traceback(tmp_path):
-    from conftest import run_cli
-
-    result = run_cli(["launch", "parallel.tp=3", f"run.dir={tmp_path / 'r'}"])
-    assert result.returncode == 2
-    assert result.stderr.strip().count("\n") == 0 and "Traceback" not in result.stderr
-    assert "parallel.tp" in result.stderr and not (tmp_path / "r").exists()
-
-
 def test_config_error_carries_key():
     with pytest.raises(ConfigError) as info:
         compose("train.micro_batch_size=-1")

@@ -4,13 +4,9 @@ launch in one line."""
 
 from __future__ import annotations
 
-import json
-import struct
-from pathlib import Path
-
 import pytest
-import yaml
-from conftest import SMALL, read_rows, run_cli
+from conftest import read_rows
+from helpers.tracker_stores import _mlflow, _offline_env, _wandb_runs  # noqa: F401
 
 from llmtrain.config import ConfigError, compose_config
 from llmtrain.launch.config_probes import validate_here
@@ -31,166 +27,19 @@ def _no_wandb_service_left():
     if "wandb" in sys.modules:
         sys.modules["wandb"].teardown()
 
-ONE = [*SMALL, "cluster.nproc_per_node=1", "train.global_batch_size=8", "train.micro_batch_size=8"]
-
 
 def _missing(package: str) -> str:
     return (f"needs the {package} package, which is not installed: pip install 'llmtrain[{package}]' "
             f"(in a checkout: pip install -e '.[{package}]')")
 
 
-def _offline_env(tmp_path: Path, **extra: str) -> dict:
-    """W&B offline, with its own folders in tmp_path, and no git probing: nothing leaves this machine."""
-    home = tmp_path / "wandb-home"
-    return {"WANDB_MODE": "offline", "WANDB_DISABLE_GIT": "true", "WANDB_CONFIG_DIR": str(home / "config"),
-            "WANDB_CACHE_DIR": str(home / "cache"), "WANDB_DATA_DIR": str(home / "data"), **extra}
-
-
-def _launch(run_dir: Path, *overrides: str, env: dict, ok: bool = True):
-    result = run_cli(["launch", f"run.dir={run_dir}", *ONE, *overrides], cwd=run_dir.parent, env=env)
-    if ok:
-        assert result.returncode == 0, f"launch failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
-    return result
-
-
-def _losses(run_dir: Path) -> dict[int, float]:
-    return {r["step"]: r["loss"] for r in read_rows(run_dir) if "loss" in r}
-
-
 # ---------------------------------------------------------------------------------------------- reading W&B files
 
-def _wandb_records(path: Path):
-    """The records of a .wandb file (LevelDB's log format: 32 KiB blocks of chunks, each with a 7-byte header of
-    CRC, length and type), as wandb's protobuf Records."""
-    from wandb.proto import wandb_internal_pb2
-
-    data = path.read_bytes()
-    assert data[:4] == b":W&B", f"{path} is not a W&B data file"
-    pos, record = 7, b""  # after the file header: ":W&B", magic, version
-    while pos + 7 <= len(data):
-        if 32768 - pos % 32768 < 7:  # a block's tail too short for a header is padding
-            pos += 32768 - pos % 32768
-            continue
-        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
-        chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
-        if kind == 0:
-            continue
-        record = chunk if kind in (1, 2) else record + chunk  # 1 full, 2 first, 3 middle, 4 last
-        if kind in (1, 4):
-            parsed = wandb_internal_pb2.Record()
-            parsed.ParseFromString(record)
-            yield parsed
 
 
-def _wandb_run(folder: Path) -> dict:
-    """What one offline W&B run folder holds: its run record, config, history rows by step and exit code."""
-    (path,) = folder.glob("run-*.wandb")
-    run, config, history, exit_code = None, {}, {}, None
-    for record in _wandb_records(path):
-        kind = record.WhichOneof("record_type")
-        if kind == "run":
-            run = record.run
-            config.update({i.key: json.loads(i.value_json) for i in record.run.config.update})
-        elif kind == "config":
-            config.update({i.key: json.loads(i.value_json) for i in record.config.update})
-        elif kind == "history":
-            row = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}
-            history[row["_step"]] = row
-        elif kind == "exit":
-            exit_code = record.exit.exit_code
-    config.pop("_wandb", None)
-    return {"id": run.run_id, "name": run.display_name, "group": run.run_group, "project": run.project,
-            "tags": list(run.tags), "config": config, "history": history, "exit_code": exit_code}
-
-
-def _wandb_runs(run_dir: Path) -> list[dict]:
-    return [_wandb_run(f) for f in sorted((run_dir / "wandb").glob("offline-run-*"))]
-
-
-def _mlflow(run_dir: Path):
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=f"sqlite:///{run_dir / 'mlflow.db'}")
-    experiment = client.get_experiment_by_name("llmtrain")
-    return client, client.search_runs([experiment.experiment_id])
 
 
 # ------------------------------------------------------------------------------------------ end to end, both runs
-
-@pytest.fixture(scope="module")
-def resumed_run(tmp_path_factory):
-    """One run with both trackers on: 3 steps, then a second launch into the same run dir resumes it to 5."""
-    pytest.importorskip("wandb", reason="the wandb extra is not installed")
-    pytest.importorskip("mlflow", reason="the mlflow extra is not installed")
-    tmp = tmp_path_factory.mktemp("trackers")
-    run_dir = tmp / "run"
-    env = _offline_env(tmp, LLMTRAIN_SWEEP_NAME="lr-sweep")
-    on = ["logging.wandb=true", "logging.mlflow=true", "logging.wandb_tags=[tiny,cpu]", "run.name=tracked"]
-    _launch(run_dir, *on, "train.max_steps=3", env=env)
-    first = {"ids": read_run_ids(run_dir), "losses": _losses(run_dir),
-             "config": yaml.safe_load((run_dir / "config.yaml").read_text())}
-    _launch(run_dir, *on, "train.max_steps=5", env=env)
-    return run_dir, first
-
-
-@pytest.mark.slow
-def test_wandb_offline_run_holds_the_metrics_config_and_sweep_group(resumed_run):
-    run_dir, launched = resumed_run
-    first, second = _wandb_runs(run_dir)
-    assert first["id"] == launched["ids"]["wandb"]
-    assert (first["name"], first["group"], first["project"], first["tags"]) == ("tracked", "lr-sweep", "llmtrain",
-                                                                               ["tiny", "cpu"])
-    # The run config is the resolved config the launch wrote to RUN_DIR/config.yaml.
-    assert first["config"] == launched["config"]
-    assert first["config"]["model"]["d_model"] == 64 and first["config"]["train"]["max_steps"] == 3
-    assert sorted(first["history"]) == [1, 2, 3]
-    assert first["history"][3]["train/loss"] == pytest.approx(launched["losses"][3], abs=1e-6)
-    assert "train/step" not in first["history"][3]
-    assert first["exit_code"] == 0
-
-
-@pytest.mark.slow
-def test_wandb_resume_continues_the_same_run(resumed_run):
-    run_dir, _ = resumed_run
-    first, second = _wandb_runs(run_dir)
-    assert second["id"] == first["id"] == read_run_ids(run_dir)["wandb"]
-    assert second["config"]["train"]["max_steps"] == 5
-    assert sorted(second["history"]) == [4, 5]
-    assert second["history"][5]["train/loss"] == pytest.approx(_losses(run_dir)[5], abs=1e-6)
-    assert second["exit_code"] == 0
-
-
-@pytest.mark.slow
-def test_mlflow_local_store_holds_the_metrics_and_params(resumed_run):
-    run_dir, launched = resumed_run
-    client, runs = _mlflow(run_dir)
-    (run,) = runs  # the resumed launch logged into the same run
-    assert run.info.run_id == launched["ids"]["mlflow"] == read_run_ids(run_dir)["mlflow"]
-    assert run.info.run_name == "tracked" and run.info.status == "FINISHED"
-    assert run.data.tags["llmtrain.sweep"] == "lr-sweep"
-    params = run.data.params
-    assert params["model.d_model"] == "64" and params["train.max_steps"] == "3"  # a param keeps its first value
-    assert params["logging.wandb_tags"] == '["tiny", "cpu"]'
-    history = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "train/loss")}
-    assert sorted(history) == [1, 2, 3, 4, 5]
-    assert history[3] == pytest.approx(launched["losses"][3], abs=1e-6)
-    assert history[5] == pytest.approx(_losses(run_dir)[5], abs=1e-6)
-
-
-@pytest.mark.slow
-def test_failed_launch_ends_the_tracker_runs_as_failed(tmp_path):
-    pytest.importorskip("wandb", reason="the wandb extra is not installed")
-    pytest.importorskip("mlflow", reason="the mlflow extra is not installed")
-    run_dir = tmp_path / "run"
-    # An inf gradient at step 2 with max_bad_steps=1 stops the run with an error.
-    env = _offline_env(tmp_path, LLMTRAIN_INJECT_NONFINITE="2:0")
-    result = _launch(run_dir, "logging.wandb=true", "logging.mlflow=true", "train.max_steps=4",
-                     "train.max_bad_steps=1", env=env, ok=False)
-    assert result.returncode != 0
-    _, (run,) = _mlflow(run_dir)
-    assert run.info.status == "FAILED"
-    (wandb_run,) = _wandb_runs(run_dir)
-    assert wandb_run["exit_code"] == 1 and sorted(wandb_run["history"]) == [1]
 
 
 # ---------------------------------------------------------------------------------------------- in one process
