@@ -54,3 +54,14 @@ def request_evidence(run_dir: str, name: str) -> str:
     os.makedirs(folder, exist_ok=True)
     atomic_write_text(request_path(run_dir), name + "\n")
     return folder
+
+
+def node_answer_path(folder: str, node: int) -> str:
+    """A node agent's account of what it did for a hang's evidence folder."""
+    return os.path.join(folder, f"node{node}.json")
+
+
+def node_answers(folder: str, nnodes: int) -> dict[int, dict]:
+    """node -> its agent's account (node{N}.json), for the nodes that answered."""
+    found = {n: read_json(node_answer_path(folder, n)) for n in range(nnodes)}
+    return {n: data for n, data in found.items() if data is not None}

@@ -7,7 +7,7 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from test_cluster_config import slurm_cfg
+from helpers.fake_slurm import slurm_cfg
 
 from llmtrain.config import ConfigError
 from llmtrain.launch.backends.slurm import SlurmBackend

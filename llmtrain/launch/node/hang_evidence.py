@@ -18,7 +18,7 @@ import psutil
 from llmtrain.launch.supervision.failures import tail
 from llmtrain.rundir.paths import RunPaths
 from llmtrain.launch.supervision.processes import handles_signal
-from llmtrain.rundir.hang_files import read_json, requested_folder, write_json
+from llmtrain.rundir.hang_files import node_answer_path, requested_folder, write_json
 
 DUMP_SIGNAL = signal.SIGUSR2
 ANSWER_WAIT_S = 5.0  # for the workers' own files; a rank that has not written them by then will not
@@ -64,7 +64,7 @@ class HangRequests:
                 f.writelines(line + "\n" for line in tail(RunPaths(self.run_dir).rank_log(rank),
                                                           LOG_LINES))
             _py_spy(info["pid"], os.path.join(folder, f"rank{rank}.py-spy.txt"))
-        write_json(os.path.join(folder, f"node{self.node_rank}.json"),
+        write_json(node_answer_path(folder, self.node_rank),
                    {"node": self.node_rank, "host": socket.gethostname(), "ranks": ranks})
 
 
@@ -95,9 +95,3 @@ def _py_spy(pid: int, path: str) -> None:
         return
     with open(path, "w") as f:
         f.write(out.stdout + out.stderr)
-
-
-def node_answers(folder: str, nnodes: int) -> dict[int, dict]:
-    """node -> its agent's account (node{N}.json), for the nodes that answered."""
-    found = {n: read_json(os.path.join(folder, f"node{n}.json")) for n in range(nnodes)}
-    return {n: data for n, data in found.items() if data is not None}

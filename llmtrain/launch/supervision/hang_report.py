@@ -9,12 +9,11 @@ import os
 import re
 import time
 
-from llmtrain.launch.node.hang_evidence import node_answers
 from llmtrain.launch.supervision.hang_verdict import verdict_and_culprits
 from llmtrain.launch.supervision.placement import describe_rank, read_places
 from llmtrain.rundir.node_ledger import record_node_event
 from llmtrain.rundir.paths import RunPaths
-from llmtrain.rundir.hang_files import read_json, request_evidence, request_path
+from llmtrain.rundir.hang_files import node_answers, read_json, request_evidence, request_path
 
 # The agents poll every second and give their workers 5 s to answer; py-spy, when installed, takes a few more.
 ANSWERS_WAIT_S = 30.0

@@ -1,0 +1,113 @@
+"""Run a function on N ranks forked from the test process: no torchrun, no fresh `import torch` per rank.
+
+A torchrun launch on 2 cores costs ~10 s, mostly interpreter start-up and imports; forking the already-imported
+test process costs well under a second. Use it where no launcher behaviour is under test.
+
+    results = run_ranks(2, fn, arg)   # fn(rank, world_size, arg) on every rank, inside a gloo process group
+
+Each rank sees RANK, LOCAL_RANK, WORLD_SIZE and MASTER_ADDR/PORT as under torchrun, so code that calls
+`dist.init_process_group()` with the env:// method joins the group; with `init_group=True` (the default) the
+harness initializes it first and destroys it afterwards. A rank's stdout/stderr go to LOG_DIR/rank{R}.log when
+log_dir is given. What fn returns comes back pickled, one entry per rank; a rank that raises, exits non-zero or
+outlives the timeout fails the call with the ranks' last output.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import sys
+import tempfile
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _redirect(log_path: Path) -> None:
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
+    sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+
+
+def _rank_main(rank, world_size, port, fn, args, out_dir, log_dir, init_group, pg_timeout_s):
+    # os._exit on every path: the forked copy of pytest must not run its own teardown or atexit hooks.
+    code = 1
+    try:
+        os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
+                          LOCAL_WORLD_SIZE=str(world_size), GROUP_RANK="0", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=str(port))
+        if log_dir is not None:
+            _redirect(Path(log_dir) / f"rank{rank}.log")
+        import torch.distributed as dist
+
+        if init_group:
+            dist.init_process_group("gloo", rank=rank, world_size=world_size,
+                                    timeout=timedelta(seconds=pg_timeout_s))
+        result = fn(rank, world_size, *args)
+        if init_group and dist.is_initialized():
+            dist.destroy_process_group()
+        with open(Path(out_dir) / f"rank{rank}.pkl", "wb") as f:
+            pickle.dump(result, f)
+        code = 0
+    except BaseException:  # noqa: BLE001 - reported to the parent through the log and the exit code
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _tail(path: Path, chars: int = 3000) -> str:
+    return path.read_text(errors="replace")[-chars:] if path.exists() else "(no log)"
+
+
+def run_ranks(world_size: int, fn, *args, log_dir: str | os.PathLike | None = None, timeout: float = 300,
+              init_group: bool = True, pg_timeout_s: int = 120) -> list:
+    """fn(rank, world_size, *args) on world_size forked ranks; the per-rank return values, in rank order."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    port = free_port()
+    if log_dir is not None:
+        Path(log_dir).mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="ranks-") as out_dir:
+        procs = [ctx.Process(target=_rank_main, daemon=False,
+                             args=(r, world_size, port, fn, args, out_dir, log_dir, init_group, pg_timeout_s))
+                 for r in range(world_size)]
+        for p in procs:
+            p.start()
+        deadline = time.monotonic() + timeout
+        # One failed rank leaves the others waiting in a collective: stop them all at the first failure.
+        while any(p.is_alive() for p in procs) and time.monotonic() < deadline:
+            if any(p.exitcode not in (None, 0) for p in procs):
+                break
+            time.sleep(0.05)
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+            p.join()
+        codes = [p.exitcode for p in procs]
+        if any(code != 0 for code in codes):
+            logs = "\n".join(f"--- rank {r} (exit {codes[r]}):\n{_tail(Path(log_dir) / f'rank{r}.log')}"
+                             if log_dir is not None else f"--- rank {r}: exit {codes[r]}"
+                             for r in range(world_size))
+            timed_out = " (timed out)" if time.monotonic() >= deadline else ""
+            raise AssertionError(f"run_ranks{timed_out}: exit codes {codes}\n{logs}")
+        results = []
+        for r in range(world_size):
+            with open(Path(out_dir) / f"rank{r}.pkl", "rb") as f:
+                results.append(pickle.load(f))
+        return results

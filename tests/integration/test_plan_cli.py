@@ -1,0 +1,73 @@
+"""`llmtrain plan` from the real binary (fit, JSON, speed, suggestions, README's excerpt) and its memory prediction against a measured run."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import time
+
+import pytest
+from conftest import REPO, run_cli
+
+from llmtrain.config import compose_config
+from llmtrain.launch.config_probes import validate_here
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_plan_memory", REPO / "scripts" / "bench_plan_memory.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_predicted_memory_within_10_percent_of_measured(tmp_path):
+    """Per rank: model state, saved activations and the measured peak of live tensor bytes (profile.memory)."""
+    bench = _bench()
+    checked = set()
+    for name, overrides in bench.LAYOUTS.items():
+        for row in bench.compare(name, overrides, str(tmp_path)):
+            assert abs(row["state_pred"] / row["state_meas"] - 1) <= 0.10, row
+            assert abs(row["peak_pred"] / row["peak_meas"] - 1) <= 0.10, row
+            if "act_pred" in row:
+                assert abs(row["act_pred"] / row["act_meas"] - 1) <= 0.10, row
+            checked.add(name)
+    assert len(checked) >= 5  # dp, tp, pp, zero and recompute varied
+
+
+def test_plan_cli_fit_json_and_speed():
+    start = time.perf_counter()
+    result = run_cli(["plan", "model=gpt-175b", "hardware=h100", "cluster.nproc_per_node=8"])
+    assert time.perf_counter() - start < 10
+    assert result.returncode == 1 and "NO" in result.stdout  # 175B on 8 x 80 GB does not fit
+    result = run_cli(["plan", "model=gpt-1.3b", "hardware=h100", "precision=bf16", "--json"])
+    assert result.returncode == 0
+    plan = json.loads(result.stdout)
+    assert plan["fits"] and plan["params_total"] == 1_315_819_520
+    assert plan["dims"]["dp"] == 2 and 0 < plan["mfu"] < 1
+
+
+def test_suggest_ranks_layouts_that_fit():
+    result = run_cli(["plan", "model=gpt-13b", "hardware=h100", "precision=bf16", "train.micro_batch_size=1",
+                      "train.global_batch_size=64", "--suggest", "16", "80", "--json"])
+    assert result.returncode == 0, result.stderr
+    plans = json.loads(result.stdout)
+    assert plans and all(p["peak_bytes_per_rank"] <= 80 * 2**30 for p in plans)
+    assert [p["tokens_per_s"] for p in plans] == sorted((p["tokens_per_s"] for p in plans), reverse=True)
+    for p in plans:  # every suggestion is a valid config
+        d = p["dims"]
+        cfg = compose_config(["model=gpt-13b", f"parallel.tp={d['tp']}", f"parallel.pp={d['pp']}",
+                              f"parallel.zero={d['zero']}", "cluster.nproc_per_node=8", "cluster.nnodes=2",
+                              "train.micro_batch_size=1", "train.global_batch_size=64"])
+        validate_here(cfg)
+
+
+def test_readme_llama_plan_excerpt_is_what_the_command_prints():
+    readme = (REPO / "docs" / "planning.md").read_text()
+    command = next(ln for ln in readme.splitlines() if ln.startswith("llmtrain plan model=llama3-8b"))
+    excerpt = readme.split("The last command above prints", 1)[1].split("```\n", 2)[1]
+    result = run_cli(command.split()[1:])
+    assert result.returncode == 0, result.stderr
+    for line in excerpt.splitlines():
+        assert line in result.stdout, line
+    assert "│ peak memory per rank   │ 30.04 GiB" in excerpt

@@ -1,0 +1,107 @@
+"""`llmtrain plan`: exact parameter counts, memory within 10% of what workers measure, fit / suggest."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from llmtrain.config import compose_config
+from llmtrain.model import build_model, init_parameters
+from llmtrain.parallel import pipeline as pp_lib
+from llmtrain.parallel.recompute import apply_recompute
+from llmtrain.plan.estimate import activation_bytes_per_layer, flops_per_token, loss_bytes, stage_params
+from llmtrain.train.memory import SavedActivations
+
+
+CONFIGS = [
+    [],
+    ["model=gpt-125m"],
+    ["model=gpt-1.3b", "model.n_layers=4", "model.n_heads=24", "model.head_dim=128"],  # 24 x 128 over d_model 2048
+    ["model.vocab_size=250", "parallel.pp=2", "parallel.pp_layers=[1,3]"],
+    ["parallel.pp=2", "parallel.virtual_stages=2", "parallel.pp_schedule=interleaved_1f1b", "cluster.nproc_per_node=2"],
+    ["model=llama-tiny"],
+    ["model=llama-tiny", "model.tie_embeddings=false", "parallel.pp=2", "parallel.pp_layers=[3,1]"],
+    ["model=llama-tiny", "parallel.pp=2", "parallel.virtual_stages=2", "parallel.pp_schedule=interleaved_1f1b",
+     "cluster.nproc_per_node=2"],
+    ["model=llama3-1b"],
+    ["model=llama3-3b"],
+    ["model=llama3-8b"],
+    ["model=llama3-8b", "parallel.pp=4", "cluster.nproc_per_node=4"],
+]
+
+
+@pytest.mark.parametrize("overrides", CONFIGS, ids=[" ".join(c) or "default" for c in CONFIGS])
+def test_parameter_counts_are_exact(overrides):
+    cfg = compose_config(overrides)
+    stages, total, non_embedding = stage_params(cfg)
+    with torch.device("meta"):
+        model = build_model(cfg.model)
+    assert total == model.num_params()
+    # non-embedding: without the token embedding, GPT-2's position table and an untied head
+    embeddings = sum(p.numel() for name, p in model.named_parameters() if name.startswith(("embed.", "head.")))
+    assert non_embedding == total - embeddings
+    p = cfg.parallel
+    counts = pp_lib.layers_per_stage(cfg.model.n_layers, p.pp * p.virtual_stages, p.pp_layers)
+    for s in stages:
+        part = model if len(stages) == 1 else pp_lib.make_stage_module(model, s.stage, counts)
+        assert s.params == sum(t.numel() for t in dict(part.named_parameters()).values()), s.stage
+
+
+def test_gpt3_175b_has_175b_parameters():
+    _, total, _ = stage_params(compose_config(["model=gpt-175b"]))
+    assert abs(total - 175e9) / 175e9 < 0.01
+
+
+@pytest.mark.parametrize("overrides", [["model=gpt-tiny"], ["model=llama-tiny"],
+                                       ["model=llama-tiny", "model.tie_embeddings=false", "model.n_kv_heads=1"]])
+def test_flops_per_token_counts_every_matmul_of_a_training_step(overrides):
+    """Against torch's FLOP counter over one forward and backward: every matmul (q, k and v at their widths, the
+    MLP's two or three matrices, the head once, tied or not) is 6 x its weights per token; the plan adds 6 x the
+    norm and bias parameters and the causal attention (half of 12 x L x s x attention width)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    cfg = compose_config(overrides)
+    m = cfg.model
+    model = build_model(m)
+    x = torch.randint(0, m.vocab_size, (2, m.seq_len))
+    with FlopCounterMode(display=False) as counter:
+        F.cross_entropy(model(x).flatten(0, 1), x.flatten()).backward()
+    counts = counter.get_flop_counts()["Global"]
+    matmuls = sum(n for op, n in counts.items() if str(op) in ("aten.mm", "aten.addmm", "aten.bmm")) / x.numel()
+    vectors = sum(p.numel() for p in model.parameters() if p.dim() == 1)
+    attention = 6 * m.n_layers * m.seq_len * m.n_heads * (m.d_model // m.n_heads)
+    assert flops_per_token(cfg) == matmuls + 6 * vectors + attention
+
+
+def test_the_trainer_reports_mfu_with_the_plans_flops():
+    from llmtrain.train.mfu import model_flops
+
+    cfg = compose_config(["model=llama3-8b", "hardware=h100", "precision=bf16"])
+    fpt, peak = model_flops(cfg, "cuda")
+    assert fpt == flops_per_token(cfg) and peak == 989e12
+    # 6 x (6.98 B non-embedding + 4096 x 128256 head) + 6 x 32 x 8192 x 4096 attention
+    assert fpt == pytest.approx(5.1472e10, rel=1e-4)
+
+
+@pytest.mark.parametrize("arch", ["gpt-tiny", "llama-tiny"])
+def test_saved_activations_per_recompute_mode_match_the_plan(arch):
+    """The bytes autograd saves for one forward (a saved-tensor hook, parameters excluded), per recompute mode,
+    against the plan's per-layer bytes x layers + the loss's. Selective keeps as much as none."""
+    measured = {}
+    for mode in ("none", "selective", "full"):
+        cfg = compose_config([f"model={arch}", "model.d_model=256", "model.seq_len=256", f"recompute={mode}"])
+        m, b = cfg.model, 2
+        model = build_model(m)
+        init_parameters(model, 0, 0.02, m.n_layers)
+        if mode != "none":
+            apply_recompute(model, mode, 1)
+        x = torch.randint(0, m.vocab_size, (b, m.seq_len))
+        with SavedActivations(list(model.parameters())) as saved:
+            F.cross_entropy(model(x).float().flatten(0, 1), x.flatten())
+        planned = activation_bytes_per_layer(cfg, b) * m.n_layers + loss_bytes(cfg, b)
+        assert abs(planned / saved.total - 1) <= 0.02, (mode, planned, saved.total)
+        measured[mode] = saved.total
+    assert measured["full"] < 0.15 * measured["none"]
+
+
