@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import warnings
 from pathlib import Path
@@ -84,10 +85,12 @@ def _explained(e: ConfigError, overrides: Sequence[str], choices: dict, dirs: li
 SCHEMA_NODE = "llmtrain_schema"
 
 
+@functools.cache
 def _store_schema_defaults() -> None:
     """The schema's defaults as the first entry of config.yaml's defaults list: every key exists (and can be
     overridden) without the YAML files repeating them. Stored as plain values with the config's own key names
-    (checkpoint.async); types are checked when the composed config is merged onto the schema (to_typed)."""
+    (checkpoint.async); types are checked when the composed config is merged onto the schema (to_typed). Once
+    per process: Hydra's ConfigStore outlives each composition."""
     from hydra.core.config_store import ConfigStore
 
     node = OmegaConf.to_container(OmegaConf.structured(LLMTrainConfig), resolve=False)
@@ -135,6 +138,13 @@ def _is_sweep(override: str) -> bool:
 _KEYWORD_KEYS = {("checkpoint", "async"): "async_save"}
 
 
+@functools.cache
+def _schema() -> DictConfig:
+    """LLMTrainConfig as a structured config, built once (building it from the dataclasses is a third of a
+    composition's time)."""
+    return OmegaConf.structured(LLMTrainConfig)
+
+
 def to_typed(raw: DictConfig, slots_per_node: Callable[[DictConfig], int] | None = None) -> DictConfig:
     """Merge onto the schema (unknown keys, wrong types) and resolve interpolations. The result stays typed (a
     structured config of LLMTrainConfig): assigning a wrong type or an unknown key later fails too."""
@@ -143,7 +153,7 @@ def to_typed(raw: DictConfig, slots_per_node: Callable[[DictConfig], int] | None
         if section in raw and isinstance(raw[section], DictConfig) and key in raw[section]:
             raw[section][field_name] = raw[section].pop(key)
     try:
-        typed = OmegaConf.merge(OmegaConf.structured(LLMTrainConfig), raw)
+        typed = OmegaConf.merge(_schema(), raw)  # merge copies the schema: the cached one stays as it is
         OmegaConf.resolve(typed)
     except OmegaConfBaseException as e:
         raise _omegaconf_error(e, raw) from None

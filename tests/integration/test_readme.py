@@ -43,7 +43,7 @@ def argv_of(command: str) -> list[str]:
 def skip_reason(argv: list[str]) -> str | None:
     """Why a command that parses is not also run here (None: it runs)."""
     if argv[:1] in (["status"], ["follow"], ["cancel"], ["report"], ["compare"], ["ckpt"]):
-        return "needs a run directory with a job or checkpoints: tests/unit/test_jobs.py, test_report.py, test_checkpoint.py"
+        return "needs a run directory with a job or checkpoints: tests/integration/test_jobs.py, test_report.py, test_checkpoint.py"
     if argv[:1] == ["doctor"]:
         return "starts a job on every node of the cluster: tests/integration/test_doctor.py"
     if argv[:1] == ["tune"]:
@@ -51,7 +51,7 @@ def skip_reason(argv: list[str]) -> str | None:
     if argv[:2] == ["data", "prepare"]:
         return "tokenizes the page's own corpus: tests/unit/test_data.py and test_data_formats.py run its options"
     if any(a.startswith("model.init_from=") for a in argv):
-        return "needs a Hugging Face folder: tests/unit/test_pretrained.py runs it against one shaped like Llama 3.2 1B"
+        return "needs a Hugging Face folder: tests/integration/test_pretrained.py runs it against one shaped like Llama 3.2 1B"
     return None
 
 
