@@ -18,7 +18,7 @@ from llmtrain.rundir import rank_files
 from llmtrain.rundir.paths import RunPaths
 
 
-def _redirect_output(log_path: str) -> None:
+def redirect_output(log_path: str) -> None:
     """Point fds 1 and 2 at the rank's log, so tracebacks and native crashes land there too."""
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     sys.stdout.flush()
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     rank = int(os.environ.get("RANK", 0))
     paths = RunPaths(run_dir)
     os.makedirs(paths.logs, exist_ok=True)
-    _redirect_output(paths.rank_log(rank))
+    redirect_output(paths.rank_log(rank))
     record_place(run_dir, rank)
 
     import torch

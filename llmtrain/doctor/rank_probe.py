@@ -53,11 +53,11 @@ def main(argv: list[str] | None = None) -> int:
     out_dir = os.path.abspath(argv[0])
     rank = int(os.environ.get("RANK", 0))
 
-    from llmtrain.worker import _redirect_output
+    from llmtrain.worker import redirect_output
 
     paths = RunPaths(out_dir)  # laid out as a run directory: the launcher's backends run it as one
     os.makedirs(paths.logs, exist_ok=True)
-    _redirect_output(paths.rank_log(rank))
+    redirect_output(paths.rank_log(rank))
     import torch.distributed as dist
 
     from llmtrain.config import load_run_config

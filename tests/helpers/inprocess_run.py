@@ -35,7 +35,7 @@ def train_in_process(run_dir: Path, *overrides: str, timeout: float = 600) -> li
     validate_here(cfg)
     cfg.run.dir = os.path.abspath(cfg.run.dir)
     prepare_data(cfg)
-    cfg.checkpoint.resume = check_resume(cfg, Console(quiet=True)) or "none"
+    check_resume(cfg, Console(quiet=True))  # the launcher's refusals; the worker resolves checkpoint.resume itself
     prepare_run_dir(cfg)
     world_size = ParallelDims.from_config(cfg).world_size
     # The worker initializes the process group itself, from the env:// variables the harness sets.

@@ -24,22 +24,13 @@ import traceback
 from datetime import timedelta
 from pathlib import Path
 
+from llmtrain.worker import redirect_output
+
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _redirect(log_path: Path) -> None:
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
-    sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
-    sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
 
 
 def _rank_main(rank, world_size, port, fn, args, out_dir, log_dir, init_group, pg_timeout_s):
@@ -50,7 +41,7 @@ def _rank_main(rank, world_size, port, fn, args, out_dir, log_dir, init_group, p
                           LOCAL_WORLD_SIZE=str(world_size), GROUP_RANK="0", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=str(port))
         if log_dir is not None:
-            _redirect(Path(log_dir) / f"rank{rank}.log")
+            redirect_output(str(Path(log_dir) / f"rank{rank}.log"))
         import torch.distributed as dist
 
         if init_group:
