@@ -65,7 +65,7 @@ def step(trainer) -> float:
     """One training step as the loop runs it (a step, then the checkpoint poll); its wall time."""
     start = time.perf_counter()
     trainer.train_step()  # reads the loss and gradient norm: the device has caught up when it returns
-    trainer.step += 1
+    trainer.state.step += 1
     trainer.ckpt.poll()
     return time.perf_counter() - start
 

@@ -87,9 +87,9 @@ def main() -> int:
             start = time.perf_counter()
             trainer.train_step()
             elapsed = time.perf_counter() - start
-            trainer.step += 1
-            trainer.samples_seen += t.global_batch_size
-            trainer.feed.step_done(trainer.step, trainer.samples_seen - t.global_batch_size, trainer.samples_seen)
+            state = trainer.state
+            state.advance(t.global_batch_size, 0)
+            trainer.feed.step_done(state.step, state.samples_seen - t.global_batch_size, state.samples_seen)
             wait_ms = trainer.feed.take_wait_ms()
             if i:  # the first step pays for warm-up (page faults, allocator)
                 waits.append(wait_ms)

@@ -198,6 +198,19 @@ def test_time_limit_requeues_the_job_until_max_steps(cluster, tmp_path):
     got, want = train_losses(run_dir), train_losses(reference)
     assert max(got) == steps
     assert max(abs(got[s] - want[s]) for s in want) <= 1e-5
+    # The goodput ledger: one entry per start of the one job; a requeued start waited in the queue (Slurm holds a
+    # requeued job), the checkpoint taken on the notice left no work to redo, and each start's parts add up.
+    starts = json.loads((run_dir / "goodput.json").read_text())["starts"]
+    assert len(starts) >= 2 and len({e["job_id"] for e in starts}) == 1, starts
+    assert max(e["requeues"] for e in starts) >= 1 and starts[1]["queue_s"] >= 30, starts
+    for e in starts:
+        parts = e["productive_s"] + sum(e[k] for k in ("queue_s", "startup_s", "checkpoint_s", "lost_s",
+                                                           "restart_s", "shutdown_s"))
+        assert abs(parts - e["allocated_s"]) <= 0.01 and 0 < e["goodput"] < 1 and e["lost_s"] <= 5, e
+    # Healthy starts leave the node ledger quiet: no host blamed or excluded, the breaker never tripped.
+    ledger = json.loads((run_dir / "nodes.json").read_text())
+    assert (ledger["hosts"], ledger["excluded"], ledger["stopped"]) == ({}, {}, None), ledger
+    assert ledger["starts"]["without_progress"] == 0 and "requeue excludes" not in job_log, ledger
 
 
 def test_a_slurm_sweep_submits_a_job_per_combination_and_both_finish(cluster, tmp_path):
