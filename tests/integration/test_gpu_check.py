@@ -96,10 +96,16 @@ def test_a_running_part_is_stopped_at_the_deadline_and_the_summary_written(tmp_p
     assert wait_for(lambda: not any(worker_processes(run) for run in runs), timeout=30)  # nothing left running
 
 
+@pytest.fixture(scope="module")
+def dry_run_of_every_part(tmp_path_factory):
+    """One `--long` dry run on CPU (every part, the tune included), shared by the checks below."""
+    out = tmp_path_factory.mktemp("dry") / "check"
+    return out, run_check(out, "--long")
+
+
 @pytest.mark.slow
-def test_dry_mode_runs_every_part_on_cpu(tmp_path):
-    out = tmp_path / "check"
-    result = run_check(out, "--long")
+def test_dry_mode_runs_every_part_on_cpu(dry_run_of_every_part):
+    out, result = dry_run_of_every_part
     assert result.returncode == 0, result.stderr
     assert (out / "summary.md").read_text() in result.stdout
     table, t = rows(out), titles()
@@ -110,9 +116,8 @@ def test_dry_mode_runs_every_part_on_cpu(tmp_path):
 
 
 @pytest.mark.slow
-def test_dry_mode_tune_part_reports_the_winner_against_the_defaults(tmp_path):
-    out = tmp_path / "check"
-    result = run_check(out, "--parts", "tune")
+def test_dry_mode_tune_part_reports_the_winner_against_the_defaults(dry_run_of_every_part):
+    out, result = dry_run_of_every_part
     assert result.returncode == 0, result.stderr
     status, figures, log = rows(out)[titles()["tune"]]
     assert status == "PASS", (figures, open(log).read()[-3000:])
