@@ -109,18 +109,16 @@ class Trainer:
         self.log = print if is_logger else (lambda *a, **k: None)
         self.preempt = PreemptionFlag()
         self.save_schedule = SaveSchedule(cfg.checkpoint, self.rank)
-        self.fault = gradient_fault(self.rank)
-        self.hangs = injected_hangs(self.rank)
-        self.feed.hang_at = self.hangs
+        self.fault, self.exit_fault = gradient_fault(self.rank), exit_fault(self.rank)
+        self.hangs = self.feed.hang_at = injected_hangs(self.rank)
+        self.slowdown = compute_slowdown(self.rank)
         self.beat = ProgressBeat(run_dir, self.rank)
-        self.slowdown, self.exit_fault = compute_slowdown(self.rank), exit_fault(self.rank)
         self.compute, self.stragglers = watch_stragglers(cfg.launch, device, self.log, run_dir, is_logger)
         self.events = GoodputEvents(run_dir, enabled=is_logger)
         self.ckpt = CheckpointManager(cfg, run_dir, self.log, self.model, self.optimizer, self.state)
         self.resume(launched)
-        metrics_path = RunPaths(run_dir).metrics if is_logger else None
         # Rows past the resumed step came from an attempt that did not reach a checkpoint: they are replaced.
-        self.metrics = MetricsWriter(metrics_path, keep_until_step=self.step,
+        self.metrics = MetricsWriter(RunPaths(run_dir).metrics if is_logger else None, keep_until_step=self.step,
                                      tensorboard_dir=RunPaths(run_dir).tensorboard
                                      if is_logger and cfg.logging.tensorboard else None,
                                      trackers=open_trackers(cfg, run_dir, resumed=self.step > 0)

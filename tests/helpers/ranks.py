@@ -1,7 +1,10 @@
-"""Run a function on N ranks forked from the test process: no torchrun, no fresh `import torch` per rank.
+"""Run a function on N ranks forked from a warm process: no torchrun, no fresh `import torch` per rank.
 
-A torchrun launch on 2 cores costs ~10 s, mostly interpreter start-up and imports; forking the already-imported
-test process costs well under a second. Use it where no launcher behaviour is under test.
+A torchrun launch on 2 cores costs ~10 s, mostly interpreter start-up and imports; forking an already-imported
+process costs well under a second. Use it where no launcher behaviour is under test. The ranks are forked from a
+fork server (started once, with torch and the trainer imported), not from the test process itself: by the time a
+test runs, pytest's process may hold threads (gloo's, a checkpoint writer's) and a fork copies their locks in
+whatever state they are, which can hang a rank. The test process's environment is passed to every rank.
 
     results = run_ranks(2, fn, arg)   # fn(rank, world_size, arg) on every rank, inside a gloo process group
 
@@ -33,10 +36,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank_main(rank, world_size, port, fn, args, out_dir, log_dir, init_group, pg_timeout_s):
-    # os._exit on every path: the forked copy of pytest must not run its own teardown or atexit hooks.
+def _rank_main(rank, world_size, port, fn, args, out_dir, log_dir, init_group, pg_timeout_s, environ):
+    # os._exit on every path: the forked copy must not run teardown or atexit hooks.
     code = 1
     try:
+        os.environ.clear()
+        os.environ.update(environ)  # the test's, as it is now (monkeypatch.setenv included)
         os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
                           LOCAL_WORLD_SIZE=str(world_size), GROUP_RANK="0", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=str(port))
@@ -61,6 +66,21 @@ def _rank_main(rank, world_size, port, fn, args, out_dir, log_dir, init_group, p
         os._exit(code)
 
 
+_CONTEXT = None
+# Imported once by the fork server, so each rank starts with them loaded.
+PRELOAD = ["torch", "torch.distributed", "llmtrain.worker", "llmtrain.train.trainer", "helpers.ranks"]
+
+
+def _context():
+    global _CONTEXT
+    if _CONTEXT is None:
+        import multiprocessing
+
+        _CONTEXT = multiprocessing.get_context("forkserver")
+        _CONTEXT.set_forkserver_preload(PRELOAD)
+    return _CONTEXT
+
+
 def _tail(path: Path, chars: int = 3000) -> str:
     return path.read_text(errors="replace")[-chars:] if path.exists() else "(no log)"
 
@@ -68,15 +88,14 @@ def _tail(path: Path, chars: int = 3000) -> str:
 def run_ranks(world_size: int, fn, *args, log_dir: str | os.PathLike | None = None, timeout: float = 300,
               init_group: bool = True, pg_timeout_s: int = 120) -> list:
     """fn(rank, world_size, *args) on world_size forked ranks; the per-rank return values, in rank order."""
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("fork")
+    ctx = _context()
     port = free_port()
     if log_dir is not None:
         Path(log_dir).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="ranks-") as out_dir:
         procs = [ctx.Process(target=_rank_main, daemon=False,
-                             args=(r, world_size, port, fn, args, out_dir, log_dir, init_group, pg_timeout_s))
+                             args=(r, world_size, port, fn, args, out_dir, log_dir, init_group, pg_timeout_s,
+                                   dict(os.environ)))
                  for r in range(world_size)]
         for p in procs:
             p.start()
