@@ -70,7 +70,7 @@ def _dump(run_dir: str, rank: int, stacks, trace: CollectiveTrace) -> None:
 
 
 def _dump_nccl_trace(path: str) -> None:
-    """PyTorch's Flight Recorder for NCCL (TORCH_NCCL_TRACE_BUFFER_SIZE, set by the launcher), where this build and
+    """PyTorch's Flight Recorder for NCCL (TORCH_FR_BUFFER_SIZE, set by the launcher), where this build and
     this process group have it; read it with `python -m torch.distributed.flight_recorder.fr_trace`."""
     import torch
     import torch.distributed as dist

@@ -125,7 +125,7 @@ def worker_env(cfg: DictConfig) -> dict[str, str]:
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // cfg.cluster.nproc_per_node)))
     env.setdefault("PYTHONUNBUFFERED", "1")
     # NCCL's Flight Recorder: the last collectives of each rank, dumped with a hang's evidence (no cost on gloo).
-    env.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")
+    env.setdefault("TORCH_FR_BUFFER_SIZE", "2000")  # its older name, TORCH_NCCL_TRACE_BUFFER_SIZE, warns on every rank
     # Restarted workers otherwise reuse the agent's stale TCPStore and fail to connect (pytorch issue 135712).
     env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     # Workers import llmtrain from the same place as the launcher, also from a source checkout.
