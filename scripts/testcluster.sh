@@ -252,7 +252,9 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket=$s/munge/munge.socket
+# A requeued job is held for the credential lifetime (cred_expire, 120 s by default); 15 s keeps the requeue tests
+# short. The scheduler intervals (60 s and 30 s by default) let a job whose hold ended start within seconds.
+AuthInfo=socket=$s/munge/munge.socket,cred_expire=15
 SlurmctldPort=$ctld_port
 SlurmdPort=$slurmd_port
 StateSaveLocation=$s/state
@@ -269,6 +271,7 @@ JobCompType=jobcomp/none
 MpiDefault=none
 SwitchType=switch/none
 SchedulerType=sched/backfill
+SchedulerParameters=bf_interval=2,sched_interval=5
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 ReturnToService=2

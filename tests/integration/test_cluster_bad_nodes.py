@@ -3,7 +3,7 @@
   node, finishes on the other, and RUN_DIR/nodes.json names the bad node;
 - one whose set-up fails on every node stops after cluster.max_starts_without_progress starts, saying why in its
   log and in `llmtrain status`.
-Each requeued start waits out Slurm's hold on requeued jobs (~2 min), so both jobs run side by side."""
+Both jobs run side by side, each requeued start waiting out Slurm's hold on requeued jobs."""
 
 from __future__ import annotations
 

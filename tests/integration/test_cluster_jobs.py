@@ -187,8 +187,7 @@ def test_time_limit_requeues_the_job_until_max_steps(cluster, tmp_path):
             "cluster.nproc_per_node=1", "cluster.gpus_per_node=0", "cluster.time=00:01:00",
             "cluster.signal_before_end_s=30", "cluster.follow=true"]
     run_dir = tmp_path / "run"
-    # Slurm holds each requeued job about two minutes (BeginTime), and when its notice comes varies: allow for
-    # more attempts than the two it needs.
+    # When the notice comes varies: allow for more attempts than the two it needs.
     result = run_cli(["launch", f"run.dir={run_dir}", *args], env=cluster.env, timeout=1500)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert re.search(r"job \d+ requeued \(restart 1\); still following", result.stdout), result.stdout[-3000:]
@@ -204,7 +203,7 @@ def test_time_limit_requeues_the_job_until_max_steps(cluster, tmp_path):
     # requeued job), the checkpoint taken on the notice left no work to redo, and each start's parts add up.
     starts = json.loads((run_dir / "goodput.json").read_text())["starts"]
     assert len(starts) >= 2 and len({e["job_id"] for e in starts}) == 1, starts
-    assert max(e["requeues"] for e in starts) >= 1 and starts[1]["queue_s"] >= 30, starts
+    assert max(e["requeues"] for e in starts) >= 1 and starts[1]["queue_s"] >= 10, starts
     for e in starts:
         parts = e["productive_s"] + sum(e[k] for k in ("queue_s", "startup_s", "checkpoint_s", "lost_s",
                                                            "restart_s", "shutdown_s"))
