@@ -13,12 +13,25 @@ from pathlib import Path
 import psutil
 import pytest
 
+from helpers import parallel_workers
+
 os.environ["OMP_NUM_THREADS"] = "1"
 REPO = Path(__file__).resolve().parents[1]
 
 # Small, fast model shared by the multi-process tests: 4 layers, width 64, byte-level stdlib text.
 SMALL = ["model.d_model=64", "model.seq_len=64", "train.log_interval=1", "train.eval_interval=0",
          "train.warmup_steps=2", "launch.pg_timeout_s=120"]
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(items):
+    parallel_workers.add_groups(items)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    with parallel_workers.turn(item):
+        return (yield)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -10,7 +10,7 @@ import re
 import pytest
 from conftest import SMALL, read_rows, run_cli
 
-pytestmark = [pytest.mark.slow, pytest.mark.cluster]
+pytestmark = [pytest.mark.slow, pytest.mark.cluster, pytest.mark.exclusive]  # compares step times
 TWO_NODES = SMALL + ["train.global_batch_size=8", "train.micro_batch_size=2", "cluster.nnodes=2"]
 PARTS = ("productive_s", "queue_s", "startup_s", "checkpoint_s", "lost_s", "restart_s", "shutdown_s")
 

@@ -115,6 +115,7 @@ def test_hosts_are_probed_in_parallel_with_ssh_options(tmp_path):
                                                      "reached over ssh; nothing was started: check the host names")
 
 
+@pytest.mark.exclusive  # timed
 def test_a_stalled_ssh_is_stopped_and_named(tmp_path, monkeypatch):
     bin_dir = tmp_path / "bin"
     fake_program(bin_dir, "ssh", "sleep 60 & wait")  # a child holding the pipes, as a ProxyCommand would
@@ -154,6 +155,7 @@ def test_unreachable_advice_never_excludes_every_host(hosts, down, exclude, nnod
     assert unreachable_advice(cluster, hosts, down) == advice
 
 
+@pytest.mark.exclusive  # timed
 def test_real_ssh_names_an_unresolvable_host(tmp_path):
     hostfile = tmp_path / "hosts.txt"
     hostfile.write_text(f"{BAD_HOST} slots=1\n")

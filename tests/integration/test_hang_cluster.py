@@ -14,7 +14,7 @@ import pytest
 from conftest import SMALL, read_rows, wait_for
 from helpers.cluster_nodes import node_agent, node_processes, ssh_args
 
-pytestmark = [pytest.mark.slow, pytest.mark.cluster]
+pytestmark = [pytest.mark.slow, pytest.mark.cluster, pytest.mark.exclusive]  # times steps
 
 
 @pytest.fixture

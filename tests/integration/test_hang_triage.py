@@ -17,6 +17,8 @@ from conftest import REPO, SMALL, worker_processes
 from llmtrain.cli import main
 from llmtrain.train.fault_injection import BLOCK_DATA, HANG_ENV, SKIP_COLLECTIVE, SLEEP_IN_STEP
 
+pytestmark = pytest.mark.exclusive  # times steps against the hang timeout
+
 # Step 5: the median step time is past the slow first step by then, so the bound is launch.hang_timeout_s.
 HANG_STEP = 5
 TRIAGE = [*SMALL, "data=synthetic", "launch.hang_timeout_s=3"]

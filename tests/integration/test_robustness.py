@@ -76,6 +76,7 @@ def _errors(result) -> list[str]:
 
 # ---- refused before anything starts: one line, exit 2, nothing written --------------------------------------------
 
+@pytest.mark.exclusive  # timed
 def test_busy_master_port_is_refused_at_once(tmp_path):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
@@ -313,6 +314,7 @@ class _NoWorkers:
         self.stopped = True
 
 
+@pytest.mark.exclusive  # timed
 def test_preempt_without_workers_stops_at_once(tmp_path, capsys):
     cfg = compose_config([f"run.dir={tmp_path}", "launch.preempt_grace_s=60"], [])
     backend = _NoWorkers()

@@ -8,7 +8,7 @@ import re
 import pytest
 from conftest import SMALL, read_rows, run_cli
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.exclusive]  # compares ranks' step times
 # Two steps per log interval (rows at steps 1, 2, 4, ...; the first interval is not judged), named after three slow
 # intervals in a row: from step 3 on, rank 1 is slow in the intervals ending at steps 4, 6 and 8, so it is first
 # named on the row of step 8.

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import read_rows, run_cli
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.exclusive]  # measures tokens/s
 
 STEPS = 5  # the first step is warm-up: four measured steps per trial
 # A fixed peak: the ranking (compute against exposed communication) is then the same in every process.
