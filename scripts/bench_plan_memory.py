@@ -53,21 +53,27 @@ def predicted(overrides: list[str]) -> dict:
     return json.loads(out.stdout)
 
 
-def measured(run_dir: str, overrides: list[str]) -> list[dict]:
+def launched(run_dir: str, overrides: list[str]) -> None:
     subprocess.run([sys.executable, "-m", "llmtrain", "launch", f"run.dir={run_dir}", *overrides], check=True,
                    capture_output=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+
+
+def measured(run_dir: str, overrides: list[str], train=launched) -> list[dict]:
+    """Each rank's measured bytes after `train(run_dir, overrides)` trained the run."""
+    train(run_dir, overrides)
     logs = os.path.join(run_dir, "logs")
     ranks = sorted(int(n[4:-7]) for n in os.listdir(logs) if n.endswith(".status"))
     return [json.load(open(os.path.join(logs, f"rank{r}.status")))["state_bytes"] for r in ranks]
 
 
-def compare(name: str, overrides: list[str], workdir: str) -> list[dict]:
-    """One row per rank: predicted and measured state and activation bytes."""
-    plan = predicted(MODEL + overrides)
+def compare(name: str, overrides: list[str], workdir: str, plan_of=predicted, train=launched) -> list[dict]:
+    """One row per rank: predicted and measured state and activation bytes. `plan_of` and `train` default to the
+    CLI (`llmtrain plan --json`, `llmtrain launch`); the test passes in-process ones."""
+    plan = plan_of(MODEL + overrides)
     rows = []
     pp = plan["dims"]["pp"]
     run_dir = os.path.join(workdir, re.sub(r"[^A-Za-z0-9_-]+", "_", name))
-    for rank, got in enumerate(measured(run_dir, MODEL + overrides)):
+    for rank, got in enumerate(measured(run_dir, MODEL + overrides, train)):
         stage = plan["stages"][(rank // plan["dims"]["tp"]) % pp if pp > 1 else 0]
         state = stage["state_bytes"]
         want_state = state["params"] + state["grads"] + state["optimizer"]

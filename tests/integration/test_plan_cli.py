@@ -20,13 +20,29 @@ def _bench():
     return module
 
 
+def _plan_here(overrides: list[str]) -> dict:
+    """`llmtrain plan --json`'s output, computed in this process."""
+    from llmtrain.plan.cli import plan_for
+
+    cfg = compose_config(overrides)
+    validate_here(cfg)
+    return json.loads(json.dumps(plan_for(cfg).to_dict(), default=str))
+
+
+def _train_here(run_dir: str, overrides: list[str]) -> None:
+    from helpers.inprocess_run import train_in_process
+
+    train_in_process(run_dir, *overrides)
+
+
 @pytest.mark.slow
 def test_predicted_memory_within_10_percent_of_measured(tmp_path):
-    """Per rank: model state, saved activations and the measured peak of live tensor bytes (profile.memory)."""
+    """Per rank: model state, saved activations and the measured peak of live tensor bytes (profile.memory). The
+    benchmark's plans and runs, in this process and on forked ranks (the script itself uses the CLI)."""
     bench = _bench()
     checked = set()
     for name, overrides in bench.LAYOUTS.items():
-        for row in bench.compare(name, overrides, str(tmp_path)):
+        for row in bench.compare(name, overrides, str(tmp_path), _plan_here, _train_here):
             assert abs(row["state_pred"] / row["state_meas"] - 1) <= 0.10, row
             assert abs(row["peak_pred"] / row["peak_meas"] - 1) <= 0.10, row
             if "act_pred" in row:
