@@ -11,13 +11,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch import nn
-from torch.distributed.pipelining import PipelineStage
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
 from llmtrain.config.derived import Derived, torch_dtype
 from llmtrain.model import build_model, init_parameters
-from llmtrain.parallel import pipeline as pp_lib
 from llmtrain.parallel.data_parallel import apply_data_parallel
 from llmtrain.parallel.float8 import Float8Training
 from llmtrain.parallel.layout import ParallelDims
@@ -160,6 +158,11 @@ def build_parallel_model(cfg: DictConfig, dims: ParallelDims, mesh: Meshes, devi
         model.init_from_note = pretrained_note
         return model
 
+    # Imported here: torch's pipelining imports torch._dynamo, most of a second of every worker's start-up.
+    from torch.distributed.pipelining import PipelineStage
+
+    from llmtrain.parallel import pipeline as pp_lib
+
     num_stages = dims.pp * pp.virtual_stages
     counts = pp_lib.layers_per_stage(cfg.model.n_layers, num_stages, pp.pp_layers)
     pp_rank = mesh.pp.get_local_rank()
@@ -182,6 +185,8 @@ def build_parallel_model(cfg: DictConfig, dims: ParallelDims, mesh: Meshes, devi
 def _tied_group(mesh: Meshes, dims: ParallelDims, pp) -> dist.ProcessGroup | None:
     """Process group joining the holders of stage 0 (embedding) and the last stage (head copy) for this rank's
     (dp, tp) coordinate, or None when one rank holds both."""
+    from llmtrain.parallel import pipeline as pp_lib
+
     num_stages = dims.pp * pp.virtual_stages
     first = pp_lib.stage_owner(0, dims.pp, pp.virtual_stages, pp.pp_schedule)
     last = pp_lib.stage_owner(num_stages - 1, dims.pp, pp.virtual_stages, pp.pp_schedule)
