@@ -4,7 +4,10 @@
 - every test marked `cluster` runs on one worker: the two-node test cluster can be up only once on a machine;
 - a test marked `exclusive` (it measures speed or time) runs while no other test runs. Each test holds a lock on a
   file of this run: shared, or exclusive for an `exclusive` test. A turnstile in front of it lets a waiting
-  exclusive test in before the other worker's next test, so it never waits for more than the test in progress.
+  exclusive test in before the other worker's next test, so it never waits for more than the test in progress;
+- two `slow` tests (several ranks each) never run at once outside the cluster: on two cores their ranks would take
+  turns inside every collective. A slow test beside a one-process test, or beside the cluster's tests (which
+  mostly wait on Slurm), uses the cores that would otherwise idle.
 Under plain `pytest -n 0` none of this applies."""
 
 from __future__ import annotations
@@ -46,13 +49,17 @@ def turn(item: pytest.Item):
         yield
         return
     alone = item.get_closest_marker("exclusive") is not None
-    with open(main, "a") as held, open(gate, "a") as turnstile:
+    ranks = not alone and item.get_closest_marker("slow") and not item.get_closest_marker("cluster")
+    with open(main, "a") as held, open(gate, "a") as turnstile, open(_lock_path(item.config, "ranks"), "a") as slow:
         fcntl.flock(turnstile, fcntl.LOCK_EX)
         try:
             fcntl.flock(held, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
         finally:
             fcntl.flock(turnstile, fcntl.LOCK_UN)
+        if ranks:  # taken after the shared lock, as every holder of this one does: no cycle
+            fcntl.flock(slow, fcntl.LOCK_EX)
         try:
             yield
         finally:
+            fcntl.flock(slow, fcntl.LOCK_UN)
             fcntl.flock(held, fcntl.LOCK_UN)
