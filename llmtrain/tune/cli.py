@@ -61,7 +61,7 @@ def run_tune(cfg, args) -> int:
         f"{cfg.cluster.nproc_per_node} {hw['name']} device(s), {args.steps} steps each, in {tune_dir}")
     budget = Budget(args.budget_min)
     done, stop_code, not_started = _run_trials(plan, chosen, args, budget)
-    if stop_code is None and not args.no_refine:
+    if stop_code is None and not not_started and not args.no_refine:  # refine the fastest of all the layouts
         more, stop_code, left = _refine(plan, chosen, done, args, budget, hw["name"])
         done, not_started = done + more, not_started + left
     return _finish(cfg, args, tune_dir, done, stop_code, not_started, hw["name"])

@@ -103,7 +103,12 @@ def tune(best, tmp_path, monkeypatch):
         exit_code = cli._finish(best.layout.cfg, args, str(tmp_path), done, None, 0, "cpu")
         return done, exit_code
 
-    return SimpleNamespace(go=go, speeds=speeds, launched=launched, learned=learned, dir=tmp_path, plan=plan)
+    def refine_only(budget):
+        layout_trial.tokens_per_s = 100.0
+        return cli._refine(plan, [best], [layout_trial], args, budget, "cpu")
+
+    return SimpleNamespace(go=go, refine_only=refine_only, speeds=speeds, launched=launched, learned=learned,
+                           dir=tmp_path, plan=plan)
 
 
 def test_the_refinement_trials_follow_the_layouts_and_the_fastest_of_all_wins(tune, best, capsys):
@@ -132,6 +137,20 @@ def test_when_no_refinement_is_faster_the_layout_wins_with_the_configured_values
     option = (tune.dir / "best" / "parallel" / "tuned.yaml").read_text()
     assert "  compile: false\n" in option and "  fused: auto\n" in option
     assert f"llmtrain: tune: fastest measured: {name} (100 tokens/s" in capsys.readouterr().out
+
+
+def test_the_budget_and_ctrl_c_stop_the_refinement_trials_too(tune, best, monkeypatch, capsys):
+    budget = cli.Budget(1.0)
+    budget.walls.append(50.0)  # the layout trial "took" 50 s: another would end past one minute
+    assert tune.refine_only(budget) == ([], None, 2) and tune.launched == []
+    assert "llmtrain: tune: budget of 1 min: not starting 2 trial(s) (each takes ~50 s)" in capsys.readouterr().out
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(trials, "run_trial", interrupted)
+    assert tune.refine_only(cli.Budget(None)) == ([], 130, 0)
+    assert not (tune.dir / "trials").exists()
 
 
 def test_calibration_learns_from_the_layout_trials_only(monkeypatch):
