@@ -27,8 +27,10 @@ def point(cfg, trial) -> dict:
 
 
 def learn(cfg, profile: str, trials) -> calibration.Calibration | None:
-    """Record the measured trials for this profile and model family; the calibration now in force."""
-    points = [point(cfg, t) for t in trials if t.measured]
+    """Record the measured layout trials for this profile and model family; the calibration now in force.
+    Refinement trials are left out: the plan's step time assumes the configured compile and fused optimizer, and
+    a compiled trial's speed-up would read as a higher efficiency for every layout."""
+    points = [point(cfg, t) for t in trials if t.measured and not t.refines]
     if not points:
         return calibration.lookup(profile, calibration.family(cfg.model))
     return calibration.record(profile, calibration.family(cfg.model), points)

@@ -2,7 +2,8 @@
 nodes, each also with a half and a double micro-batch and, with a pipeline, the interleaved schedule over two
 virtual stages; the global batch stays the configured one. Ranked by the plan's estimated tokens/s (calibrated
 when tune measured this hardware and model family before); the top K that fit a device are the trials.
-train.compile and optim.fused stay as configured: the plan has no figure for them to rank by."""
+train.compile and optim.fused stay as configured: the plan has no figure for them to rank by (refine.py measures
+them)."""
 
 from __future__ import annotations
 
@@ -25,9 +26,13 @@ LAYOUT_KEYS = {"parallel.dp": "dp", "parallel.tp": "tp", "parallel.pp": "pp", "p
 class Layout:
     values: dict  # LAYOUT_KEYS key -> value
     cfg: DictConfig  # the composed config with this layout
+    refines: str = ""  # a refinement (refine.py): the name of the layout it switches one key of
+    suffix: str = ""  # what the refinement's name adds to that layout's
 
     @property
     def name(self) -> str:
+        if self.refines:
+            return self.refines + self.suffix
         v = self.values
         parts = [f"dp{v['parallel.dp']}", f"tp{v['parallel.tp']}", f"pp{v['parallel.pp']}"]
         if v["parallel.pp"] > 1:

@@ -1,8 +1,10 @@
-"""`llmtrain tune [OVERRIDES...] [--top K] [--steps S] [--budget-min M] [--launch]`: the plan's K fastest layouts
-that fit, each trained S steps as a trial on the configured backend (TUNE_DIR/<layout>; TUNE_DIR is run.dir when
-given, else runs/<run.name>-tune), one table of estimate against measurement, the measured fastest written as
-TUNE_DIR/best/parallel/tuned.yaml with the command that launches it, and the measurements fitted into the plan's
-step time (plan/calibration.py). The same command again reuses every recorded trial and launches none."""
+"""`llmtrain tune [OVERRIDES...] [--top K] [--steps S] [--budget-min M] [--no-refine] [--launch]`: the plan's K
+fastest layouts that fit, each trained S steps as a trial on the configured backend (TUNE_DIR/<layout>; TUNE_DIR is
+run.dir when given, else runs/<run.name>-tune); then the measured-fastest layout again with train.compile and with
+optim.fused switched, one at a time (refine.py; `--no-refine` skips this round); one table of estimate against
+measurement, the measured fastest of all written as TUNE_DIR/best/parallel/tuned.yaml with the command that
+launches it, and the layout trials fitted into the plan's step time (plan/calibration.py). The same command again
+reuses every recorded trial and launches none."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import argparse
 import json
 import os
 import time
+from dataclasses import dataclass, field
 
 from llmtrain.rundir.atomic import atomic_write_json
 from llmtrain.config.errors import ConfigError
@@ -17,7 +20,7 @@ from llmtrain.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from llmtrain.console import get_console, say
 from llmtrain.sweep import record
 from llmtrain.sweep.plan import SweepPlan
-from llmtrain.tune import candidates, table, trials, winner
+from llmtrain.tune import candidates, refine, table, trials, winner
 from llmtrain.tune.calibration import learn, uncalibrated_parts
 
 SELECTION_FILE = "tune.json"
@@ -29,6 +32,9 @@ def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
                         help="training steps per trial (default 20); the first 3 (1 below 8 steps) are warm-up")
     parser.add_argument("--budget-min", type=float, default=None, metavar="M",
                         help="start no trial that would end past M minutes (estimated from the trials so far)")
+    parser.add_argument("--no-refine", action="store_true",
+                        help="skip the second round (the fastest layout measured again with train.compile and "
+                             "with optim.fused switched, one at a time)")
     parser.add_argument("--launch", action="store_true", help="then launch the real run with the fastest layout")
 
 
@@ -46,17 +52,41 @@ def run_tune(cfg, args) -> int:
         raise ConfigError("hardware.memory_gib", f"no layout of {n} devices fits the device memory; try more "
                                                  "devices, a smaller train.micro_batch_size or model.seq_len")
     runs = [trials.sweep_run(tune_dir, i, r, list(args.overrides), args.steps) for i, r in enumerate(chosen)]
-    for run in runs:
-        if run.cfg.cluster.name == "slurm":
-            run.cfg.cluster.follow = True  # a trial is measured after it ends, one at a time
+    _follow_slurm(runs)
     earlier = record.read(tune_dir) or {}
     plan = SweepPlan(tune_dir, list(args.overrides), list(args.config_dir), runs, earlier.get("runs", []))
     record.write(plan)
     hw = chosen[0].plan.hardware
     say(f"tune {plan.name}: {len(chosen)} layout(s) of {cfg.model.name} on {cfg.cluster.nnodes}x"
         f"{cfg.cluster.nproc_per_node} {hw['name']} device(s), {args.steps} steps each, in {tune_dir}")
-    done, stop_code, not_started = _run_trials(plan, chosen, args)
+    budget = Budget(args.budget_min)
+    done, stop_code, not_started = _run_trials(plan, chosen, args, budget)
+    if stop_code is None and not not_started and not args.no_refine:  # refine the fastest of all the layouts
+        more, stop_code, left = _refine(plan, chosen, done, args, budget, hw["name"])
+        done, not_started = done + more, not_started + left
     return _finish(cfg, args, tune_dir, done, stop_code, not_started, hw["name"])
+
+
+def _follow_slurm(runs) -> None:
+    for run in runs:
+        if run.cfg.cluster.name == "slurm":
+            run.cfg.cluster.follow = True  # a trial is measured after it ends, one at a time
+
+
+@dataclass
+class Budget:
+    """--budget-min over both rounds: the time since the first trial and the walls of the trials launched."""
+    minutes: float | None
+    start: float = field(default_factory=time.monotonic)
+    walls: list[float] = field(default_factory=list)
+
+    def next_ends_past(self) -> float | None:
+        """The mean trial's seconds, when one more trial would end past the budget; else None."""
+        if self.minutes is None or not self.walls:
+            return None
+        mean = sum(self.walls) / len(self.walls)
+        spent = max(time.monotonic() - self.start, sum(self.walls))
+        return mean if spent + mean > self.minutes * 60 else None
 
 
 def _tune_dir(cfg, overrides) -> str:
@@ -87,25 +117,23 @@ def _selection(cfg, args, tune_dir: str) -> list[candidates.Ranked]:
     return chosen
 
 
-def _run_trials(plan: SweepPlan, chosen, args) -> tuple[list[trials.Trial], int | None, int]:
-    """(the trials recorded or run, the code that stopped the tune early, trials left unstarted by the budget)."""
+def _run_trials(plan: SweepPlan, chosen, args, budget: Budget,
+                first: int = 0) -> tuple[list[trials.Trial], int | None, int]:
+    """Run `chosen` as plan.runs[first:]; (the trials recorded or run, the code that stopped the tune early, trials
+    left unstarted by the budget)."""
     done: list[trials.Trial] = []
-    start, launched_walls = time.monotonic(), []
-    for number, (run, ranked) in enumerate(zip(plan.runs, chosen), 1):
+    for number, (run, ranked) in enumerate(zip(plan.runs[first:], chosen), first + 1):
         recorded = trials.read_result(plan.dir, ranked.layout.name, ranked.layout.overrides)
         if recorded is not None:
             say(f"tune: reusing trial {recorded.layout}: {table.fit_cell(recorded)} (recorded in "
                 f"{trials.result_path(plan.dir, recorded.layout)})")
             done.append(recorded)
             continue
-        if args.budget_min is not None and launched_walls:
-            spent = max(time.monotonic() - start, sum(launched_walls))
-            expected = spent + sum(launched_walls) / len(launched_walls)
-            if expected > args.budget_min * 60:
-                left = len(plan.runs) - number + 1
-                say(f"tune: budget of {args.budget_min:g} min: not starting {left} trial(s) (each takes "
-                    f"~{sum(launched_walls) / len(launched_walls):.0f} s)")
-                return done, None, left
+        mean = budget.next_ends_past()
+        if mean is not None:
+            left = first + len(chosen) - number + 1
+            say(f"tune: budget of {budget.minutes:g} min: not starting {left} trial(s) (each takes ~{mean:.0f} s)")
+            return done, None, left
         trial = trials.new_trial(ranked, uncalibrated_parts(ranked.layout.cfg))
         try:
             trial, code = trials.run_trial(plan, run, number, trial, ranked, args.steps)
@@ -116,10 +144,31 @@ def _run_trials(plan: SweepPlan, chosen, args) -> tuple[list[trials.Trial], int 
         trials.write_result(plan.dir, trial)
         done.append(trial)
         if trial.wall_s:
-            launched_walls.append(trial.wall_s)
+            budget.walls.append(trial.wall_s)
         if trial.fit != trials.OK:
             say(f"tune: trial {trial.layout}: {table.fit_cell(trial)}; going on with the next one")
     return done, None, 0
+
+
+def _refine(plan: SweepPlan, chosen, done, args, budget: Budget,
+            profile: str) -> tuple[list[trials.Trial], int | None, int]:
+    """The second round (refine.py) on the measured-fastest layout, as more runs of the tune's sweep."""
+    best = table.fastest(done)
+    if best is None:
+        return [], None, 0
+    base = next(r for r in chosen if r.layout.name == best.layout)
+    found, skipped = refine.variants(base, refine.device_type(profile))
+    for line in skipped:
+        say(f"tune: {line}")
+    if not found:
+        return [], None, 0
+    first = len(plan.runs)
+    runs = [trials.sweep_run(plan.dir, first + i, r, list(args.overrides), args.steps) for i, r in enumerate(found)]
+    _follow_slurm(runs)
+    plan.runs.extend(runs)
+    record.write(plan)
+    say(f"tune: refining {best.layout}: {', '.join(r.layout.name for r in found)}")
+    return _run_trials(plan, found, args, budget, first)
 
 
 def _finish(cfg, args, tune_dir: str, done, stop_code, not_started: int, profile: str) -> int:
@@ -140,7 +189,7 @@ def _finish(cfg, args, tune_dir: str, done, stop_code, not_started: int, profile
         say("tune: no trial was measured; nothing to launch")
         return EXIT_FAILED
     line = winner.launch_line(tune_dir, list(args.config_dir), list(args.overrides))
-    path = winner.write(tune_dir, best.overrides, cfg.train.global_batch_size, line,
+    path = winner.write(tune_dir, refine.tuned_overrides(cfg, best.overrides), cfg.train.global_batch_size, line,
                         f"{best.layout}, {best.tokens_per_s:,.0f} tokens/s measured")
     say(f"tune: fastest measured: {best.layout} ({best.tokens_per_s:,.0f} tokens/s"
         + (f", MFU {best.mfu:.2%}" if best.mfu is not None else "") + f"); written to {path}")

@@ -40,6 +40,7 @@ class Trial:
     measured_steps: int = 0
     wall_s: float = 0.0  # the trial's launch, start-up included
     run_dir: str = ""
+    refines: str = ""  # a refinement trial (refine.py): the layout it switched train.compile or optim.fused of
 
     @property
     def measured(self) -> bool:
@@ -83,7 +84,7 @@ def new_trial(ranked: Ranked, raw_plan) -> Trial:
     uncalibrated parts (`raw_plan`: efficiency 1, comm_factor 1) that calibration fits."""
     p = ranked.plan
     return Trial(ranked.layout.name, ranked.layout.overrides, p.tokens_per_s, p.mfu, p.peak_bytes_per_rank / 2**30,
-                 raw_plan.compute_s, raw_plan.exposed_comm_s)
+                 raw_plan.compute_s, raw_plan.exposed_comm_s, refines=ranked.layout.refines)
 
 
 def sweep_run(tune_dir: str, index: int, ranked: Ranked, user_overrides: list[str], steps: int) -> SweepRun:

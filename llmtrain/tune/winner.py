@@ -1,7 +1,8 @@
 """The measured fastest layout as a config option: TUNE_DIR/best/parallel/tuned.yaml, which
 `llmtrain launch --config-dir TUNE_DIR/best parallel=tuned ...` composes (a user config folder's options sit beside
-the built-in ones; `# @package _global_` lets the option set keys of other sections). It holds the layout's keys
-and the global batch the trials kept, so the launched run trains with the batch the tune measured."""
+the built-in ones; `# @package _global_` lets the option set keys of other sections). It holds the layout's keys,
+train.compile and optim.fused (a refinement's value when one won, else the configured one) and the global batch
+the trials kept, so the launched run trains as the tune measured."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import shlex
 
 from llmtrain.rundir.atomic import atomic_write_text
 from llmtrain.tune.candidates import LAYOUT_KEYS
+from llmtrain.tune.refine import REFINE_KEYS
 
 OPTION = "tuned"
 
@@ -19,9 +21,9 @@ def best_dir(tune_dir: str) -> str:
 
 
 def launch_overrides(user_overrides: list[str]) -> list[str]:
-    """The tune's overrides for the real run: parallel=tuned in place of the layout's keys; no run.dir (that named
-    the tune's folder)."""
-    dropped = {*LAYOUT_KEYS, "train.global_batch_size", "run.dir", "parallel"}
+    """The tune's overrides for the real run: parallel=tuned in place of the layout's keys and the refined ones
+    (tuned.yaml holds the winner's); no run.dir (that named the tune's folder)."""
+    dropped = {*LAYOUT_KEYS, *REFINE_KEYS, "train.global_batch_size", "run.dir", "parallel"}
     kept = [o for o in user_overrides if o.split("=", 1)[0].lstrip("+~") not in dropped]
     return [f"parallel={OPTION}", *kept]
 

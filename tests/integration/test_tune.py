@@ -1,7 +1,7 @@
 """`llmtrain tune` on 2 CPU ranks: one tune of six layouts (four measured, one that cannot fit the memory it is
-given, one whose launch fails), then the same command again with --launch (every trial reused, the winner
-launched), and a layout the tune did not measure launched to check that the calibrated plan estimates it better
-than the uncalibrated one did."""
+given, one whose launch fails; --no-refine), then the same command again with --launch (every trial reused, the
+winner launched), and a layout the tune did not measure launched to check that the calibrated plan estimates it
+better than the uncalibrated one did. Then one tune of the top layout with its second round (+compile, +fused)."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def tuned(tmp_path_factory):
     tune_dir = work / "runs" / f"{cfg.run.name}-tune"
     tune_dir.mkdir(parents=True)
     (tune_dir / broken).write_text("a file where the trial's run directory goes: its launch is refused\n")
-    command = ["tune", *overrides, "--top", "6", "--steps", str(STEPS)]
+    command = ["tune", *overrides, "--top", "6", "--steps", str(STEPS), "--no-refine"]
     env = {"LLMTRAIN_CACHE": str(cache)}
     first = run_cli(command, cwd=work, env=env, timeout=1500)
     rows_after_first = {d.name: len(read_rows(d)) for d in tune_dir.iterdir() if d.is_dir()}
@@ -177,3 +177,27 @@ def test_calibration_brings_an_unmeasured_layout_closer_to_its_measurement(tuned
     assert error_after < error_before, (measured, uncalibrated.tokens_per_s, calibrated.tokens_per_s)
     plan = run_cli(["plan", *tuned["overrides"]], env=tuned["env"])
     assert "note: step time calibrated from 4 trials on cpu, " in plan.stdout
+
+
+def test_the_second_round_measures_compile_and_the_fused_optimizer_and_the_fastest_of_all_wins(tmp_path):
+    tune_dir = tmp_path / "refined"
+    result = run_cli(["tune", *BASE, f"run.dir={tune_dir}", "--top", "1", "--steps", "4"], cwd=tmp_path,
+                     env={"LLMTRAIN_CACHE": str(tmp_path / "cache")}, timeout=1500)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-3000:]
+    saved = {p.stem: json.loads(p.read_text()) for p in (tune_dir / "trials").iterdir()}
+    (layout,) = [name for name in saved if "+" not in name]
+    assert sorted(saved) == [layout, f"{layout}+compile", f"{layout}+fused"]
+    assert saved[f"{layout}+compile"]["overrides"] == [*saved[layout]["overrides"], "train.compile=true"]
+    assert saved[f"{layout}+fused"]["overrides"] == [*saved[layout]["overrides"], "optim.fused=torch"]
+    rows = table(result.stdout)
+    assert set(rows) == set(saved)
+    for name, record in saved.items():
+        assert record["fit"] == "ok" and rows[name][1] == f"{record['tokens_per_s']:,.0f}", (name, rows[name])
+        assert rows[name][0] == rows[layout][0]  # the estimate is the layout's
+    best = max(saved, key=lambda name: saved[name]["tokens_per_s"])
+    assert f"llmtrain: tune: fastest measured: {best} (" in result.stdout
+    option = (tune_dir / "best" / "parallel" / "tuned.yaml").read_text()
+    assert f"  compile: {str(best.endswith('+compile')).lower()}\n" in option
+    assert f"  fused: {'torch' if best.endswith('+fused') else 'auto'}\n" in option
+    calibration = json.loads((tmp_path / "cache" / "calibration.json").read_text())
+    assert calibration["entries"]["cpu/gpt"]["fit"]["trials"] == 1  # the layout trial only

@@ -14,7 +14,7 @@ from llmtrain.tune import cli, trials
 def fake_chosen(n: int):
     layouts = []
     for i in range(n):
-        layout = SimpleNamespace(name=f"layout{i}", overrides=[f"parallel.zero={i}"], cfg=None)
+        layout = SimpleNamespace(name=f"layout{i}", overrides=[f"parallel.zero={i}"], cfg=None, refines="")
         plan = SimpleNamespace(tokens_per_s=100.0, mfu=0.1, peak_bytes_per_rank=2**30)
         layouts.append(SimpleNamespace(layout=layout, plan=plan))
     return layouts
@@ -40,7 +40,7 @@ def loop(tmp_path, monkeypatch):
 
     def go(budget_min=None):
         args = SimpleNamespace(budget_min=budget_min, steps=5)
-        return cli._run_trials(plan, chosen, args)
+        return cli._run_trials(plan, chosen, args, cli.Budget(budget_min))
 
     return SimpleNamespace(go=go, launched=launched, behaviour=behaviour, dir=tmp_path)
 
