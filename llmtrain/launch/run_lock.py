@@ -93,7 +93,8 @@ class RunDirLock:
                     raise ConfigError("run.dir", f"{self.run_dir} is in use by {describe(holder)}; wait for it to "
                                                  "end, stop it, or use another run.dir (remove "
                                                  f"{self.path} only if that job is gone)") from None
-                leftovers = processes.job_processes(self.run_dir)
+                # Not this process's own children: they belong to this launch (or to a caller such as a test).
+                leftovers = processes.job_processes(self.run_dir, descendants=False)
                 if leftovers:
                     pids = ", ".join(str(p.pid) for p in leftovers[:5])
                     raise ConfigError("run.dir", f"processes of an earlier launch of {self.run_dir} still run on "

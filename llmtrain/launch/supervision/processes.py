@@ -119,13 +119,13 @@ def _kill(procs: list[psutil.Process]) -> list[psutil.Process]:
     return killed
 
 
-def job_processes(run_dir: str | None = None) -> list[psutil.Process]:
-    """Every process this launcher started (its descendants) and, when run_dir is given, every torchrun agent,
-    node agent or worker of run_dir on this node: torchrun starts each worker in a session of its own, so a
-    worker whose agent is gone is no longer a descendant."""
+def job_processes(run_dir: str | None = None, descendants: bool = True) -> list[psutil.Process]:
+    """Every process this launcher started (its descendants; descendants=False leaves them out) and, when run_dir
+    is given, every torchrun agent, node agent or worker of run_dir on this node: torchrun starts each worker in a
+    session of its own, so a worker whose agent is gone is no longer a descendant."""
     me = os.getpid()
     try:
-        found = {p.pid: p for p in psutil.Process(me).children(recursive=True)}
+        found = {p.pid: p for p in psutil.Process(me).children(recursive=True)} if descendants else {}
     except psutil.NoSuchProcess:
         found = {}
     if run_dir:
