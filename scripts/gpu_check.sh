@@ -13,7 +13,8 @@
 # importable (else SKIP); 9 fp8 against bf16, both compiled: tokens/s and the loss after 30 steps within 1% (SKIP
 # without a GPU of compute capability 8.9+ or torchao); 10 llama3-1b (2048-token context) in bf16, tokens/s and
 # MFU, then fp8 against it, both compiled (fp8 not run where it cannot be); 11 `llmtrain tune` of gpt-1.3b (the
-# plan's top 3 layouts, 10 steps each): the winner's MFU against the defaults' (scripts/gpu_check_tune.py).
+# plan's top 3 layouts, 10 steps each, no refinement round): the winner's MFU against the defaults'
+# (scripts/gpu_check_tune.py).
 #
 # By default parts 1, 2, 5 and 6 run (`python3 scripts/gpu_check_parts.py plan` prints them with their limits);
 # --long runs all eleven (with a deadline that fits them all), --parts the ones named, in that order (GPU_CHECK_PARTS
