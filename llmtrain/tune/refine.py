@@ -21,17 +21,14 @@ def device_type(profile: str) -> str:
     return "cpu" if profile == "cpu" else "cuda"
 
 
-def fused_in_effect(fused: str, device: str) -> bool:
-    """Whether optim.fused runs a fused kernel: auto is torch's fused AdamW on CUDA, the plain loop on CPU (as
-    train/optim.py resolves it)."""
-    return fused in ("torch", "apex") or (fused == "auto" and device == "cuda")
-
-
 def switched(cfg, key: str, device: str):
-    """The other value of one of REFINE_KEYS."""
+    """The other value of one of REFINE_KEYS: for optim.fused, the plain loop when the configured value runs a
+    fused kernel on the device (as the trainer resolves `auto`), else torch's fused kernel."""
     if key == "train.compile":
         return not cfg.train.compile
-    return "none" if fused_in_effect(cfg.optim.fused, device) else "torch"
+    from llmtrain.train.optim import resolve_fused  # imports torch: only when a round runs
+
+    return "none" if resolve_fused(cfg.optim.fused, device) != "none" else "torch"
 
 
 def unavailable(key: str, value, device: str) -> str | None:

@@ -49,7 +49,7 @@ def turn(item: pytest.Item):
         yield
         return
     alone = item.get_closest_marker("exclusive") is not None
-    ranks = not alone and item.get_closest_marker("slow") and not item.get_closest_marker("cluster")
+    ranks = not alone and item.get_closest_marker("slow") is not None and item.get_closest_marker("cluster") is None
     with open(main, "a") as held, open(gate, "a") as turnstile, open(_lock_path(item.config, "ranks"), "a") as slow:
         fcntl.flock(turnstile, fcntl.LOCK_EX)
         try:
