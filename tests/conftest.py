@@ -24,8 +24,8 @@ SMALL = ["model.d_model=64", "model.seq_len=64", "train.log_interval=1", "train.
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
-def pytest_collection_modifyitems(items):
-    parallel_workers.add_groups(items)
+def pytest_collection_modifyitems(config, items):
+    parallel_workers.add_groups(config, items)
 
 
 @pytest.hookimpl(wrapper=True)

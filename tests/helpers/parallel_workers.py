@@ -2,12 +2,13 @@
 - every test of a module runs on one worker, so a module-scoped fixture (one launch shared by several checks) runs
   once;
 - every test marked `cluster` runs on one worker: the two-node test cluster can be up only once on a machine;
+- the groups are handed out longest first (the cluster's, then modules by their number of `slow` tests, the unit
+  tests last), so that the two workers end together instead of one finishing the longest group alone;
 - a test marked `exclusive` (it measures speed or time) runs while no other test runs. Each test holds a lock on a
   file of this run: shared, or exclusive for an `exclusive` test. A turnstile in front of it lets a waiting
-  exclusive test in before the other worker's next test, so it never waits for more than the test in progress;
-- two `slow` tests (several ranks each) never run at once outside the cluster: on two cores their ranks would take
-  turns inside every collective. A slow test beside a one-process test, or beside the cluster's tests (which
-  mostly wait on Slurm), uses the cores that would otherwise idle.
+  exclusive test in before the other worker's next test, so it never waits for more than the test in progress.
+Two several-rank tests do run at once: on two cores each takes longer, but the pair ends sooner than one after the
+other, since much of a launch is waiting (interpreters starting, rendezvous, files).
 Under plain `pytest -n 0` none of this applies."""
 
 from __future__ import annotations
@@ -28,10 +29,18 @@ def group_of(item: pytest.Item) -> str:
     return item.path.stem
 
 
-def add_groups(items: list[pytest.Item]) -> None:
-    """The xdist_group of every test (read by `--dist loadgroup`)."""
+def add_groups(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The xdist_group of every test (read by `--dist loadgroup`), and on a worker the items reordered so that the
+    groups come longest first: xdist hands the groups out in the order their first tests appear."""
+    slow_tests: dict[str, int] = {}
     for item in items:
-        item.add_marker(pytest.mark.xdist_group(group_of(item)))
+        group = group_of(item)
+        item.add_marker(pytest.mark.xdist_group(group))
+        slow_tests[group] = slow_tests.get(group, 0) + (item.get_closest_marker("slow") is not None)
+    if getattr(config, "workerinput", None) is None:  # not an xdist worker: the collection order stays
+        return
+    rank = {g: (g != CLUSTER_GROUP, -n) for g, n in slow_tests.items()}
+    items.sort(key=lambda item: rank[group_of(item)])  # stable: a module keeps its order
 
 
 def _lock_path(config: pytest.Config, name: str) -> str | None:
@@ -49,17 +58,13 @@ def turn(item: pytest.Item):
         yield
         return
     alone = item.get_closest_marker("exclusive") is not None
-    ranks = not alone and item.get_closest_marker("slow") is not None and item.get_closest_marker("cluster") is None
-    with open(main, "a") as held, open(gate, "a") as turnstile, open(_lock_path(item.config, "ranks"), "a") as slow:
+    with open(main, "a") as held, open(gate, "a") as turnstile:
         fcntl.flock(turnstile, fcntl.LOCK_EX)
         try:
             fcntl.flock(held, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
         finally:
             fcntl.flock(turnstile, fcntl.LOCK_UN)
-        if ranks:  # taken after the shared lock, as every holder of this one does: no cycle
-            fcntl.flock(slow, fcntl.LOCK_EX)
         try:
             yield
         finally:
-            fcntl.flock(slow, fcntl.LOCK_UN)
             fcntl.flock(held, fcntl.LOCK_UN)
