@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import socket
 import sys
 import tempfile
 import time
@@ -27,13 +26,8 @@ import traceback
 from datetime import timedelta
 from pathlib import Path
 
+from llmtrain.launch.backends.base import free_port
 from llmtrain.worker import redirect_output
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rank_main(rank, world_size, port, fn, args, out_dir, log_dir, init_group, pg_timeout_s, environ):
@@ -68,7 +62,9 @@ def _rank_main(rank, world_size, port, fn, args, out_dir, log_dir, init_group, p
 
 _CONTEXT = None
 # Imported once by the fork server, so each rank starts with them loaded.
-PRELOAD = ["torch", "torch.distributed", "llmtrain.worker", "llmtrain.train.trainer", "helpers.ranks"]
+# torch._dynamo: torch imports it at the first model built on the meta device or optimizer made, most of a second.
+PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "llmtrain.worker", "llmtrain.train.trainer",
+           "helpers.ranks"]
 
 
 def _context():

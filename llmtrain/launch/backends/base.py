@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import os
+import random
 import shlex
 import socket
 import sys
@@ -135,9 +136,33 @@ def worker_env(cfg: DictConfig) -> dict[str, str]:
     return env
 
 
+# Rendezvous ports are drawn from here up to the kernel's ephemeral range.
+PORT_FLOOR = 10000
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(v) for v in f.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
 def free_port(address: str = "127.0.0.1") -> int:
     """A port free on this host now, for a rendezvous: on loopback, or on every interface ("") when other nodes
-    connect to it."""
-    with socket.socket() as s:
+    connect to it. Drawn at random below the kernel's ephemeral range: a port of that range (what binding port 0
+    gives) can be taken, in the seconds before the rendezvous listens on it, as the source port of any outgoing
+    connection, such as another job's collectives, and the rendezvous then fails with EADDRINUSE."""
+    low = _ephemeral_range()[0]
+    if low - PORT_FLOOR >= 1000:
+        for port in random.Random().sample(range(PORT_FLOOR, low), 50):
+            with socket.socket() as s:
+                try:
+                    s.bind((address, port))
+                except OSError:
+                    continue
+                return port
+    with socket.socket() as s:  # a host whose ephemeral range starts low: what the kernel gives
         s.bind((address, 0))
         return s.getsockname()[1]
