@@ -66,20 +66,21 @@ SLOWDOWN_ENV = "LLMTRAIN_INJECT_SLOWDOWN"
 
 
 def compute_slowdown(rank: int) -> Callable[[int, float], None] | None:
-    """LLMTRAIN_INJECT_SLOWDOWN="RANK:FACTOR:FROM_STEP": from that (1-based) step on, that rank sleeps inside its
-    compute region for (FACTOR - 1) times the compute it just did, as a rank FACTOR times slower would take.
-    RANK `*` slows every rank; FACTOR `Ns` sleeps a fixed N seconds a step instead, so that a step takes about as
-    long on a busy machine as on an idle one. A hook (step, compute seconds so far) for this rank, or None."""
+    """LLMTRAIN_INJECT_SLOWDOWN="RANK:FACTOR:FROM_STEP[:TO_STEP]": from that (1-based) step on (to TO_STEP, when
+    given), that rank sleeps inside its compute region for (FACTOR - 1) times the compute it just did, as a rank
+    FACTOR times slower would take. RANK `*` slows every rank; FACTOR `Ns` sleeps a fixed N seconds a step instead,
+    whatever the machine's load. A hook (step, compute seconds so far) for this rank, or None."""
     spec = os.environ.get(SLOWDOWN_ENV)
     if not spec:
         return None
-    target, factor, from_step = spec.split(":")
+    target, factor, *steps = spec.split(":")
     if target != "*" and int(target) != rank:
         return None
+    first, last = int(steps[0]), int(steps[1]) if len(steps) > 1 else None
     fixed_s = float(factor[:-1]) if factor.endswith("s") else None
 
     def slow_down(step: int, compute_s: float) -> None:
-        if step >= int(from_step):
+        if step >= first and (last is None or step <= last):
             time.sleep(fixed_s if fixed_s is not None else (float(factor) - 1) * compute_s)
 
     return slow_down

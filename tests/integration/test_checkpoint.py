@@ -1,8 +1,11 @@
 """Checkpoints and resume: exact same-layout resume, resharded resume, restarts after a kill, preemption,
-partial and corrupted checkpoints, `ckpt list`, and the names the model and optimizer state are saved under."""
+partial and corrupted checkpoints, `ckpt list`, and the names the model and optimizer state are saved under. What
+only the trainer decides (resharding, async saves, model.init_from, the one-process reference) trains in-process
+(helpers.inprocess_run); the launcher's own paths (resume messages, restarts, signals, kills) launch."""
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import shutil
@@ -13,6 +16,8 @@ from pathlib import Path
 
 import pytest
 from conftest import SMALL, launch, read_rows, run_cli, train_losses, wait_for, worker_processes
+from helpers.inprocess_run import train_in_process as train
+from rich.console import Console
 
 pytestmark = pytest.mark.slow
 BASE = SMALL + ["train.max_steps=12", "train.global_batch_size=8", "train.micro_batch_size=2"]
@@ -31,7 +36,7 @@ def uninterrupted(tmp_path_factory):
     """12 steps at DP2, never stopped; and the same on one process."""
     base = tmp_path_factory.mktemp("uninterrupted")
     launch(base / "dp2", *BASE)
-    launch(base / "one", *BASE, "cluster.nproc_per_node=1")
+    train(base / "one", *BASE, "cluster.nproc_per_node=1")
     return {"dp2": train_losses(base / "dp2"), "one": train_losses(base / "one"), "dir": base}
 
 
@@ -76,9 +81,10 @@ def test_stop_and_resume_same_layout_is_exact(uninterrupted, tmp_path):
 
 def test_resume_under_other_layouts(uninterrupted, tmp_path):
     """Saved at DP2 x TP2 with ZeRO-3 (4 ranks), resumed at PP2, at PP2 with a V-shaped schedule (rank 0 holds the
-    first and the last of 4 stages: the embedding and the head's copy) and on one process."""
+    first and the last of 4 stages: the embedding and the head's copy) and on one process. In-process: what is
+    under test is the trainer's resharding; the launcher's part (the changes it names) runs as it does."""
     saved = tmp_path / "saved"
-    launch(saved, *BASE, "train.stop_at_step=6", "cluster.nproc_per_node=4", "parallel.tp=2", "parallel.zero=3")
+    train(saved, *BASE, "train.stop_at_step=6", "cluster.nproc_per_node=4", "parallel.tp=2", "parallel.zero=3")
     reference = uninterrupted["one"]
     assert max_diff(train_losses(saved), reference, range(1, 7)) <= 1e-5
     for name, overrides in {"pp2": ["cluster.nproc_per_node=2", "parallel.pp=2", "parallel.dp=1"],
@@ -87,10 +93,10 @@ def test_resume_under_other_layouts(uninterrupted, tmp_path):
                             "one": ["cluster.nproc_per_node=1"]}.items():
         run_dir = tmp_path / name
         shutil.copytree(saved, run_dir)
-        result = run_cli(["launch", f"run.dir={run_dir}", *BASE, *overrides])
-        assert result.returncode == 0, result.stdout[-3000:]
+        said = Console(record=True, width=200, file=io.StringIO())
+        train(run_dir, *BASE, *overrides, console=said)
         # The launcher says what changed before training continues.
-        assert "parallel.tp: 2 -> 1" in result.stdout and "resharded" in (run_dir / "logs" / "rank0.log").read_text()
+        assert "parallel.tp: 2 -> 1" in said.export_text() and "resharded" in (run_dir / "logs" / "rank0.log").read_text()
         losses = train_losses(run_dir)
         diff = max_diff(losses, reference, range(7, 13))
         assert diff <= 1e-5, f"{name}: resumed-under-another-layout vs reference: {diff}"
@@ -202,7 +208,7 @@ def test_sigterm_checkpoints_and_resubmission_resumes(uninterrupted, tmp_path):
 
 def test_async_checkpoint_is_logged_saved_only_when_complete(tmp_path):
     run_dir = tmp_path / "run"
-    launch(run_dir, *BASE, "checkpoint.interval=4", "checkpoint.async=true", "checkpoint.keep=10")
+    train(run_dir, *BASE, "checkpoint.interval=4", "checkpoint.async=true", "checkpoint.keep=10")
     log = (run_dir / "logs" / "rank0.log").read_text()
     assert "saving in the background" in log
     assert ckpt_steps(run_dir) == ["step-0000004", "step-0000008", "step-0000012"]
@@ -215,7 +221,7 @@ def test_async_checkpoint_is_logged_saved_only_when_complete(tmp_path):
     from llmtrain.checkpoint.export import load_model_state
 
     sync_dir = tmp_path / "sync"
-    launch(sync_dir, *BASE, "checkpoint.interval=4", "checkpoint.keep=10")
+    train(sync_dir, *BASE, "checkpoint.interval=4", "checkpoint.keep=10")
     for name in ("step-0000004", "step-0000008"):
         got, _ = load_model_state(run_dir / "checkpoints" / name)
         want, _ = load_model_state(sync_dir / "checkpoints" / name)
@@ -260,7 +266,7 @@ def test_export_hf_matches_and_init_from_continues(uninterrupted, tmp_path):
                   for x, y in (stream.batch("train", 0, m, 0, 1, 2, 8) for m in range(4))]
     expected = torch.stack(losses).mean().item()
     run_dir = tmp_path / "init_from"
-    rows = launch(run_dir, *BASE, "train.max_steps=1", f"model.init_from={out}")
+    rows = train(run_dir, *BASE, "train.max_steps=1", f"model.init_from={out}")
     first = [r for r in rows if "loss" in r][0]["loss"]
     assert abs(first - expected) <= 1e-5, (first, expected)
     assert first < uninterrupted["dp2"][1] - 0.3  # trained weights, not a fresh init

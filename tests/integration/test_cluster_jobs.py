@@ -180,12 +180,12 @@ def test_time_limit_requeues_the_job_until_max_steps(cluster, tmp_path):
     """A one-minute time limit with the notice 30 s before it: the workers checkpoint on the notice, the job
     requeues itself and resumes, the follower follows across the requeue, and the run reaches train.max_steps with
     the losses of an uninterrupted run."""
-    # Each step sleeps 0.4 s, so a start's steps depend little on the machine's load: the first start checkpoints
-    # on its notice at about step 30 (busy) to 50 (idle), so 60 steps take one requeue, or two on a busy machine.
-    steps = 60
-    args = [*TWO_NODES, "train.log_interval=10", f"train.max_steps={steps}", "cluster=slurm",
+    # Steps 1-12 sleep 2 s each: the notice, 30 s after the job starts, comes before step 12 whatever the load; the
+    # requeued start finishes the 40 steps.
+    steps = 40
+    args = [*TWO_NODES, "train.log_interval=5", f"train.max_steps={steps}", "cluster=slurm",
             "cluster.nproc_per_node=1", "cluster.gpus_per_node=0", "cluster.time=00:01:00",
-            "cluster.signal_before_end_s=30", "cluster.follow=true", "+env.LLMTRAIN_INJECT_SLOWDOWN=*:0.4s:1"]
+            "cluster.signal_before_end_s=30", "cluster.follow=true", "+env.LLMTRAIN_INJECT_SLOWDOWN=*:2s:1:12"]
     run_dir = tmp_path / "run"
     # When the notice comes varies: allow for more attempts than the two it needs.
     result = run_cli(["launch", f"run.dir={run_dir}", *args], env=cluster.env, timeout=1500)
@@ -194,7 +194,7 @@ def test_time_limit_requeues_the_job_until_max_steps(cluster, tmp_path):
     job_log = "".join(p.read_text() for p in (run_dir / "logs").glob("slurm-*.out"))
     assert "the time limit is near: checkpoint at step" in job_log, job_log[-3000:]
     reference = tmp_path / "reference"
-    launch(reference, *SMALL, "train.global_batch_size=8", "train.micro_batch_size=2", "train.log_interval=10",
+    launch(reference, *SMALL, "train.global_batch_size=8", "train.micro_batch_size=2", "train.log_interval=5",
            f"train.max_steps={steps}")
     got, want = train_losses(run_dir), train_losses(reference)
     assert max(got) == steps

@@ -1,4 +1,6 @@
-"""Integrity through real launches: non-finite streaks never checkpointed, a corrupted metrics line and stale partial folders surviving a resume, a full disk, checkpoints that lost their manifest or a shard."""
+"""Integrity through real launches: non-finite streaks never checkpointed, a corrupted metrics line and stale
+partial folders surviving a resume, a full disk, checkpoints that lost their manifest or a shard. A run whose
+launcher is not under test trains in-process (helpers.inprocess_run)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import SMALL, launch, run_cli
+from helpers.inprocess_run import train_in_process as train
 from helpers.checkpoint_reads import float_tensors, names, write_metrics  # noqa: F401
 
 from llmtrain.checkpoint import store
@@ -61,11 +64,10 @@ def test_a_non_finite_streak_is_never_checkpointed_and_the_good_one_resumes(tmp_
 
 
 @pytest.mark.slow
-def test_a_streak_open_at_the_end_skips_the_final_save(tmp_path):
+def test_a_streak_open_at_the_end_skips_the_final_save(tmp_path, monkeypatch):
     run = tmp_path / "run"
-    result = run_cli(["launch", f"run.dir={run}", *BASE, "train.max_steps=6", "checkpoint.interval=2",
-                      "cluster.nproc_per_node=2"], env={"LLMTRAIN_INJECT_NONFINITE": "3:0,6:1"})
-    assert result.returncode == 0, result.stdout[-3000:]
+    monkeypatch.setenv("LLMTRAIN_INJECT_NONFINITE", "3:0,6:1")
+    train(run, *BASE, "train.max_steps=6", "checkpoint.interval=2", "cluster.nproc_per_node=2")
     # Step 3 was skipped but step 4 was good again: the streak closed, step 4 was saved; step 6 was not.
     assert names(run) == ["step-0000002", "step-0000004"]
     log = rank0_log(run)
@@ -78,7 +80,7 @@ def test_a_streak_open_at_the_end_skips_the_final_save(tmp_path):
 def test_a_corrupted_metrics_line_and_stale_partials_survive_a_resume(tmp_path):
     run = tmp_path / "run"
     common = [*BASE, "cluster.nproc_per_node=1", "checkpoint.interval=4", "checkpoint.keep=5"]
-    launch(run, *common, "train.max_steps=10", "checkpoint.at_end=false")
+    train(run, *common, "train.max_steps=10", "checkpoint.at_end=false")
     metrics = run / "metrics.jsonl"
     lines = metrics.read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == list(range(1, 11))
@@ -130,8 +132,8 @@ def test_a_full_disk_in_a_real_launch_names_the_step_and_folder(tmp_path):
 @pytest.fixture(scope="module")
 def saved_run(tmp_path_factory):
     run = tmp_path_factory.mktemp("saved") / "run"
-    launch(run, *BASE, "cluster.nproc_per_node=1", "train.max_steps=4", "checkpoint.interval=2",
-           "checkpoint.keep=5")
+    train(run, *BASE, "cluster.nproc_per_node=1", "train.max_steps=4", "checkpoint.interval=2",
+          "checkpoint.keep=5")
     return run
 
 

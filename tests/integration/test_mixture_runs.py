@@ -1,4 +1,5 @@
-"""A data mixture trained under dp=2 through a real launch: the same as one process, its sources reported, resumed with new weights."""
+"""A data mixture trained under dp=2 (ranks forked in-process, helpers.inprocess_run): the same as one process, its
+sources reported, resumed with new weights."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import json
 
 import numpy as np
 import pytest
-from conftest import SMALL, launch, read_rows
+from conftest import SMALL, read_rows
+from helpers.inprocess_run import train_in_process as train
 from helpers.token_shards import write_shards, write_tokens  # noqa: F401
 
 from llmtrain.data.mixture import MixtureSchedule
@@ -23,8 +25,8 @@ def test_mix_trains_the_same_under_dp2_reports_sources_and_resumes_with_new_weig
     # code: 1,425 train tokens, 22 windows of 64: it runs out after the resume and starts its epoch 1.
     code = write_shards(tmp_path / "code", [np.arange(600) % 256, (np.arange(900) * 7) % 256])
     sources = f"data.sources=[{{path: {web}, weight: 0.7}}, {{path: {code}, weight: 0.3}}]"
-    one = launch(tmp_path / "one", *MIX_RUN, sources, "train.max_steps=3", "cluster.nproc_per_node=1")
-    two = launch(tmp_path / "two", *MIX_RUN, sources, "train.max_steps=3", "cluster.nproc_per_node=2")
+    one = train(tmp_path / "one", *MIX_RUN, sources, "train.max_steps=3", "cluster.nproc_per_node=1")
+    two = train(tmp_path / "two", *MIX_RUN, sources, "train.max_steps=3", "cluster.nproc_per_node=2")
     losses = {r["step"]: r["loss"] for r in one if "loss" in r}
     assert sorted(losses) == [1, 2, 3]
     assert max(abs(r["loss"] - losses[r["step"]]) for r in two if "loss" in r) <= 1e-6
@@ -39,7 +41,7 @@ def test_mix_trains_the_same_under_dp2_reports_sources_and_resumes_with_new_weig
     # Under pipeline parallelism, with a weight-0 source: evaluated, not drawn, not averaged into val_loss.
     math_src = write_tokens(tmp_path / "math.bin", rng.integers(0, 256, 3000))
     with_math = sources[:-1] + f", {{path: {math_src}, weight: 0}}]"
-    pp = launch(tmp_path / "pp", *MIX_RUN, with_math, "train.max_steps=3", "cluster.nproc_per_node=2",
+    pp = train(tmp_path / "pp", *MIX_RUN, with_math, "train.max_steps=3", "cluster.nproc_per_node=2",
                 "parallel.pp=2")
     assert max(abs(r["loss"] - losses[r["step"]]) for r in pp if "loss" in r) <= 1e-5
     (pp_val,) = [r for r in pp if "val_loss" in r]
@@ -53,7 +55,7 @@ def test_mix_trains_the_same_under_dp2_reports_sources_and_resumes_with_new_weig
 
     # Resume the dp=2 run with other weights (and one process): counts continue from the saved ones.
     sources2 = f"data.sources=[{{path: {web}, weight: 0.2}}, {{path: {code}, weight: 0.8}}]"
-    rows = launch(tmp_path / "two", *MIX_RUN, sources2, "train.max_steps=6", "cluster.nproc_per_node=1")
+    rows = train(tmp_path / "two", *MIX_RUN, sources2, "train.max_steps=6", "cluster.nproc_per_node=1")
     log = (tmp_path / "two" / "logs" / "rank0.log").read_text()
     assert "a new mixture segment starts at sample 24" in log
     resumed, _ = schedule.continued({"web": 0.2, "code": 0.8}, 24)

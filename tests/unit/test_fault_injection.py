@@ -36,6 +36,13 @@ def test_a_fixed_sleep_on_every_rank_ignores_the_compute(monkeypatch, sleeps):
     assert sleeps == [0.2] * 4
 
 
+def test_a_last_step_ends_the_slowdown(monkeypatch, sleeps):
+    slow = hook(monkeypatch, "*:2s:1:3", 0)
+    for step in range(1, 6):
+        slow(step, 0.1)
+    assert sleeps == [2.0] * 3
+
+
 def test_without_the_variable_there_is_no_hook(monkeypatch):
     monkeypatch.delenv(fault_injection.SLOWDOWN_ENV, raising=False)
     assert fault_injection.compute_slowdown(0) is None
