@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     from llmtrain.launch.launch_record import newest_launch
     from llmtrain.launch.config_probes import validate_here
     from llmtrain.train import collective_trace, hang_signals
-    from llmtrain.train.preemption import Preempted
+    from llmtrain.train.preemption import Preempted, PreemptionFlag
     from llmtrain.train.device import resolve_device
     from llmtrain.train.trainer import Trainer
 
@@ -80,7 +80,9 @@ def main(argv: list[str] | None = None) -> int:
         launched = Resolution.from_record(newest_launch(run_dir).get("resume"), cfg.checkpoint.resume)
         trainer = Trainer(cfg, run_dir, device, launched)
         trainer.train()
+        PreemptionFlag.ignore_from_now()
     except Preempted as e:
+        PreemptionFlag.ignore_from_now()
         # Exit 0 so torchrun does not restart us; the launcher reads "preempted" from the status file.
         # The launcher says it (once): this rank's log already shows the save.
         _write_status(run_dir, rank, "preempted", str(e), step=e.step, saved=e.saved)

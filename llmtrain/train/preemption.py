@@ -33,6 +33,14 @@ class PreemptionFlag:
     def _handle(self, signum, frame) -> None:
         self.requested = True
 
+    @classmethod
+    def ignore_from_now(cls) -> None:
+        """Once training is over (done, or stopped with its checkpoint) a notice has nothing left to save. Ignored
+        from then on: Python's teardown gives a signal it handled its default action back, and a Slurm time-limit
+        notice arriving in those seconds would kill a finished rank and fail the start."""
+        for sig in cls.SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+
     def agreed(self, save_vote: bool = False) -> tuple[bool, bool]:
         """(preemption requested on any rank, a save voted for by any rank)."""
         flags = torch.tensor([int(self.requested), int(save_vote)], dtype=torch.int32)

@@ -23,9 +23,9 @@ def _worker(rank: int, world_size: int, run_dir: str) -> int:
     return worker.main([run_dir])
 
 
-def train_in_process(run_dir: Path, *overrides: str, timeout: float = 600, console: Console | None = None) -> list[dict]:
-    """Train like `llmtrain launch run.dir=RUN_DIR OVERRIDES...` on one node; assert every rank ended "ok"; return
-    the metrics rows. What the launcher says before training (the resume and what changed) goes to `console`."""
+def prepare_launch(run_dir: Path, *overrides: str, console: Console | None = None) -> int:
+    """What `llmtrain launch run.dir=RUN_DIR OVERRIDES...` does before starting workers; the world size. What the
+    launcher says meanwhile (the resume and what changed) goes to `console`."""
     from llmtrain.config import compose_config
     from llmtrain.launch.config_probes import validate_here
     from llmtrain.launch.run import check_resume, prepare_data, prepare_run_dir
@@ -35,9 +35,15 @@ def train_in_process(run_dir: Path, *overrides: str, timeout: float = 600, conso
     validate_here(cfg)
     cfg.run.dir = os.path.abspath(cfg.run.dir)
     prepare_data(cfg)
-    check_resume(cfg, console or Console(quiet=True))  # the launcher's refusals; the worker resolves checkpoint.resume itself
+    check_resume(cfg, console or Console(quiet=True))  # the launcher's refusals; the worker resolves the resume itself
     prepare_run_dir(cfg)
-    world_size = ParallelDims.from_config(cfg).world_size
+    return ParallelDims.from_config(cfg).world_size
+
+
+def train_in_process(run_dir: Path, *overrides: str, timeout: float = 600, console: Console | None = None) -> list[dict]:
+    """Train like `llmtrain launch run.dir=RUN_DIR OVERRIDES...` on one node; assert every rank ended "ok"; return
+    the metrics rows. What the launcher says before training (the resume and what changed) goes to `console`."""
+    world_size = prepare_launch(run_dir, *overrides, console=console)
     # The worker initializes the process group itself, from the env:// variables the harness sets.
     logs = Path(run_dir) / "logs"
     try:
