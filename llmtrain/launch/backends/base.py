@@ -140,13 +140,13 @@ def worker_env(cfg: DictConfig) -> dict[str, str]:
 PORT_FLOOR = 10000
 
 
-def _ephemeral_range() -> tuple[int, int]:
+def _ephemeral_start() -> int:
+    """The first port the kernel hands out to outgoing connections."""
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            low, high = (int(v) for v in f.read().split())
-        return low, high
-    except (OSError, ValueError):
-        return 32768, 60999  # Linux's default
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
 
 
 def free_port(address: str = "127.0.0.1") -> int:
@@ -154,7 +154,7 @@ def free_port(address: str = "127.0.0.1") -> int:
     connect to it. Drawn at random below the kernel's ephemeral range: a port of that range (what binding port 0
     gives) can be taken, in the seconds before the rendezvous listens on it, as the source port of any outgoing
     connection, such as another job's collectives, and the rendezvous then fails with EADDRINUSE."""
-    low = _ephemeral_range()[0]
+    low = _ephemeral_start()
     if low - PORT_FLOOR >= 1000:
         for port in random.Random().sample(range(PORT_FLOOR, low), 50):
             with socket.socket() as s:
