@@ -363,6 +363,9 @@ def entry() -> None:
     from llmtrain.closed_stdout import quiet_when_closed
 
     quiet_when_closed()  # `llmtrain plan | head -1`: no traceback, and the command's own exit code
+    # A script's background job (`llmtrain launch ... &`) starts with SIGINT ignored, and Python then installs no
+    # handler of its own: Ctrl-C and `llmtrain cancel --now` (two SIGINTs) must reach the launcher all the same.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     # Until the launcher's handlers are in place (its imports take a moment), SIGTERM / SIGUSR1 are only noted.
     early: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGUSR1):

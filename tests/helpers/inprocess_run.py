@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 from rich.console import Console
@@ -19,6 +20,9 @@ from helpers.ranks import run_ranks
 
 def _worker(rank: int, world_size: int, run_dir: str) -> int:
     from llmtrain import worker
+
+    # A rank forks from a server started long before; a fresh interpreter would read the test's PYTHONPATH.
+    sys.path[:0] = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
 
     return worker.main([run_dir])
 

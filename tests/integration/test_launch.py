@@ -61,9 +61,12 @@ def test_dry_run_starts_nothing(tmp_path):
     assert not run_dir.exists() and not worker_processes(run_dir)
 
 
-def _start_launch(run_dir, *overrides):
-    return subprocess.Popen([sys.executable, "-m", "llmtrain", "launch", f"run.dir={run_dir}", *overrides],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def _start_launch(run_dir, *overrides, sigint_ignored: bool = False):
+    """`llmtrain launch` in the background; sigint_ignored: as a script's `llmtrain launch ... &` starts it."""
+    argv = [sys.executable, "-m", "llmtrain", "launch", f"run.dir={run_dir}", *overrides]
+    if sigint_ignored:
+        argv = ["sh", "-c", 'trap "" INT; exec "$@"', "sh", *argv]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def _worker_of_rank(run_dir, rank: int):
@@ -177,9 +180,10 @@ def test_replaced_data_is_refused_before_any_worker_and_overwrite_starts_afresh(
 
 @pytest.mark.parametrize("sig,code,said", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "preempted")])
 def test_interrupt_stops_every_process(tmp_path, sig, code, said):
-    """Ctrl-C stops at once; SIGTERM (preemption) checkpoints first; either way nothing is left running."""
+    """Ctrl-C stops at once; SIGTERM (preemption) checkpoints first; either way nothing is left running. The
+    launcher starts with SIGINT ignored, as a script's background job does: Ctrl-C must stop it all the same."""
     run_dir = tmp_path / "run"
-    proc = _start_launch(run_dir, *SMALL, "train.max_steps=100000")
+    proc = _start_launch(run_dir, *SMALL, "train.max_steps=100000", sigint_ignored=sig == signal.SIGINT)
     try:
         assert wait_for(lambda: read_rows(run_dir), timeout=120), "training never started"
         assert len(worker_processes(run_dir)) >= 3  # agent + 2 workers

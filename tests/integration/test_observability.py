@@ -1,12 +1,14 @@
 """What a run leaves for the user to look at: MFU in metrics, TensorBoard events, profiler traces, the report;
-and train.compile giving the same losses."""
+and train.compile giving the same losses. The runs train in-process: what the trainer writes is under test, not the
+launcher."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from conftest import SMALL, launch, run_cli, train_losses
+from conftest import SMALL, run_cli, train_losses
+from helpers.inprocess_run import train_in_process
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 pytestmark = pytest.mark.slow
@@ -16,8 +18,8 @@ ONE = [*SMALL, "cluster.nproc_per_node=1", "train.global_batch_size=8", "train.m
 
 def test_metrics_tensorboard_profile_and_report(tmp_path):
     run_dir = tmp_path / "run"
-    rows = launch(run_dir, *ONE, "train.max_steps=5", "logging.tensorboard=true", "profile.steps=[2,3]",
-                  "hardware=cpu")
+    rows = train_in_process(run_dir, *ONE, "train.max_steps=5", "logging.tensorboard=true", "profile.steps=[2,3]",
+                            "hardware=cpu")
     train = [r for r in rows if "loss" in r]
     assert all(0 < r["mfu"] < 1 and r["tflops"] > 0 for r in train)
     # MFU is achieved model FLOPs over the same peak: recompute it from the row's own numbers.
@@ -35,7 +37,7 @@ def test_metrics_tensorboard_profile_and_report(tmp_path):
 
 
 def test_compile_gives_the_same_losses(tmp_path):
-    eager = train_losses(launch(tmp_path / "eager", *ONE, "train.max_steps=4") and tmp_path / "eager")
-    compiled = train_losses(launch(tmp_path / "compiled", *ONE, "train.max_steps=4", "train.compile=true",
-                                   timeout=900) and tmp_path / "compiled")
+    train_in_process(tmp_path / "eager", *ONE, "train.max_steps=4")
+    train_in_process(tmp_path / "compiled", *ONE, "train.max_steps=4", "train.compile=true", timeout=900)
+    eager, compiled = train_losses(tmp_path / "eager"), train_losses(tmp_path / "compiled")
     assert max(abs(eager[s] - compiled[s]) for s in eager) <= 1e-4

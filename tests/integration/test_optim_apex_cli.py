@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from conftest import run_cli
 from helpers.apex_stand_in import ONE_PROCESS, stand_in_apex  # noqa: F401
@@ -39,29 +37,29 @@ def test_fused_apex_without_apex_says_how_to_build_it(tmp_path):
 
 
 @pytest.mark.slow
-def test_fused_apex_run_resumes_exactly_with_apex_or_torch(tmp_path, stand_in_apex):
+def test_fused_apex_run_resumes_exactly_with_apex_or_torch(tmp_path, stand_in_apex, monkeypatch):
     """apex's step count survives a checkpoint (it lives per param group, and is saved per parameter), so a
-    stopped apex run resumes with the uninterrupted run's losses, with apex or with torch's AdamW."""
+    stopped apex run resumes with the uninterrupted run's losses, with apex or with torch's AdamW. In-process:
+    the optimizer's state is under test, not the launcher."""
+    import io
     import shutil
 
-    from conftest import launch, train_losses
+    from conftest import train_losses
+    from helpers.inprocess_run import train_in_process
+    from rich.console import Console
 
-    env = {"PYTHONPATH": str(stand_in_apex())}
+    monkeypatch.setenv("PYTHONPATH", str(stand_in_apex()))
     args = [*ONE_PROCESS, "train.max_steps=6"]
-
-    def run(run_dir: Path, *overrides: str):
-        result = run_cli(["launch", f"run.dir={run_dir}", *args, *overrides], env=env)
-        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-        return result
-
-    launch(tmp_path / "plain", *args, "optim.fused=none")
+    train_in_process(tmp_path / "plain", *args, "optim.fused=none")
     reference = train_losses(tmp_path / "plain")
-    run(tmp_path / "apex", "optim.fused=apex", "train.stop_at_step=3")
+    train_in_process(tmp_path / "apex", *args, "optim.fused=apex", "train.stop_at_step=3")
     log = (tmp_path / "apex" / "logs" / "rank0.log").read_text()
     assert log.count("apex stand-in: FusedLayerNorm") == 2 * 4 + 1 and log.count("apex stand-in: FusedAdam") == 1
     shutil.copytree(tmp_path / "apex", tmp_path / "apex-then-torch")
     for run_dir, fused in ((tmp_path / "apex", "apex"), (tmp_path / "apex-then-torch", "torch")):
-        assert "resuming from" in run(run_dir, f"optim.fused={fused}").stdout
+        said = Console(record=True, width=200, file=io.StringIO())
+        train_in_process(run_dir, *args, f"optim.fused={fused}", console=said)
+        assert "resuming from" in said.export_text()
         losses = train_losses(run_dir)
         assert sorted(losses) == [1, 2, 3, 4, 5, 6]
         assert max(abs(losses[s] - reference[s]) for s in reference) <= 1e-6, (fused, losses, reference)

@@ -1,4 +1,5 @@
-"""model.init_from through real launches: shape or head mismatches refused before launch, and a Llama folder under tp=2 starting from its weights."""
+"""model.init_from through the launch command: shape or head mismatches refused before launch, and a Llama folder
+under tp=2 starting from its weights (trained in-process: the loading is under test, not the launcher)."""
 
 from __future__ import annotations
 
@@ -72,11 +73,12 @@ def test_llama_mismatches_are_refused_before_launch(hf_llama, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_init_from_hf_llama_under_tp2_starts_from_its_weights(hf_llama, tmp_path):
-    """One launch at tp=2: the first loss is the one a single process computes with the folder's weights, rank 0
+    """One run at tp=2: the first loss is the one a single process computes with the folder's weights, rank 0
     says what it loaded, and the run's checkpoint exports to a folder transformers gives the same logits from."""
     import torch.nn.functional as F
 
-    from conftest import launch
+    from helpers.inprocess_run import train_in_process
+
     from llmtrain.data import SampleStream, build_dataset
     from llmtrain.model import build_model, init_parameters
 
@@ -101,7 +103,7 @@ def test_init_from_hf_llama_under_tp2_starts_from_its_weights(hf_llama, tmp_path
     assert abs(expected - first_loss(fresh)) > 0.1  # the comparison can tell the folder's weights from an init
 
     run_dir = tmp_path / "run"
-    rows = launch(run_dir, *overrides)
+    rows = train_in_process(run_dir, *overrides)
     first = [r for r in rows if "loss" in r][0]
     assert first["step"] == 1 and abs(first["loss"] - expected) <= 1e-5, (first, expected)
     log = (run_dir / "logs" / "rank0.log").read_text()
