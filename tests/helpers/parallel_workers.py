@@ -9,14 +9,19 @@
   exclusive test in before the other worker's next test, so it never waits for more than the test in progress.
 Two several-rank tests do run at once: on two cores each takes longer, but the pair ends sooner than one after the
 other, since much of a launch is waiting (interpreters starting, rendezvous, files).
-Under plain `pytest -n 0` none of this applies."""
+Under plain `pytest -n 0` none of this applies.
+
+LLMTRAIN_TEST_TIMELINE=FILE appends a JSON line per test: its worker, when it asked for its turn, got it and
+ended (time.time()); the gaps show what the lock costs (docs/testing.md)."""
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import tempfile
+import time
 
 import pytest
 
@@ -53,15 +58,39 @@ def _lock_path(config: pytest.Config, name: str) -> str | None:
 @contextlib.contextmanager
 def turn(item: pytest.Item):
     """Held around one test's set-up, call and tear-down: alone for an `exclusive` test, else beside others."""
+    asked = time.time()
+    with _held(item):
+        started = time.time()
+        try:
+            yield
+        finally:
+            _record(item, asked, started)
+
+
+def _record(item: pytest.Item, asked: float, started: float) -> None:
+    path = os.environ.get("LLMTRAIN_TEST_TIMELINE")
+    if path:
+        worker = getattr(item.config, "workerinput", {}).get("workerid", "main")
+        line = json.dumps({"worker": worker, "test": item.nodeid, "exclusive": _alone(item), "asked": asked,
+                           "started": started, "ended": time.time()})
+        with open(path, "a") as f:
+            f.write(line + "\n")
+
+
+def _alone(item: pytest.Item) -> bool:
+    return item.get_closest_marker("exclusive") is not None
+
+
+@contextlib.contextmanager
+def _held(item: pytest.Item):
     main, gate = _lock_path(item.config, "lock"), _lock_path(item.config, "turnstile")
     if main is None:
         yield
         return
-    alone = item.get_closest_marker("exclusive") is not None
     with open(main, "a") as held, open(gate, "a") as turnstile:
         fcntl.flock(turnstile, fcntl.LOCK_EX)
         try:
-            fcntl.flock(held, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+            fcntl.flock(held, fcntl.LOCK_EX if _alone(item) else fcntl.LOCK_SH)
         finally:
             fcntl.flock(turnstile, fcntl.LOCK_UN)
         try:

@@ -14,7 +14,7 @@ import pytest
 from conftest import SMALL, read_rows, wait_for
 from helpers.cluster_nodes import node_agent, node_processes, ssh_args
 
-pytestmark = [pytest.mark.slow, pytest.mark.cluster, pytest.mark.exclusive]  # times steps
+pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
 
 @pytest.fixture
@@ -29,7 +29,7 @@ def test_a_stopped_node_agent_is_named_and_the_verdict_still_comes(cluster, host
     # The fault reaches the remote worker through the run's env: (ssh passes no environment).
     proc = subprocess.Popen([sys.executable, "-m", "llmtrain", "launch", f"run.dir={run_dir}", *SMALL,
                              "data=synthetic", "train.max_steps=100000", "cluster.nnodes=2",
-                             "cluster.nproc_per_node=1", "launch.hang_timeout_s=3",
+                             "cluster.nproc_per_node=1", "launch.hang_timeout_s=5",
                              "+env.LLMTRAIN_INJECT_HANG=block_data:6:1", *ssh_args(cluster, hostfile)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, **cluster.env})

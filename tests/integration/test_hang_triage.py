@@ -17,11 +17,10 @@ from conftest import REPO, SMALL, worker_processes
 from llmtrain.cli import main
 from llmtrain.train.fault_injection import BLOCK_DATA, HANG_ENV, SKIP_COLLECTIVE, SLEEP_IN_STEP
 
-pytestmark = pytest.mark.exclusive  # times steps against the hang timeout
-
-# Step 5: the median step time is past the slow first step by then, so the bound is launch.hang_timeout_s.
+# Step 5: the median step time is past the slow first step by then, so the bound is launch.hang_timeout_s. 5 s is
+# over 20 times a step of this model on a busy 2-core machine: these runs share it with other tests.
 HANG_STEP = 5
-TRIAGE = [*SMALL, "data=synthetic", "launch.hang_timeout_s=3"]
+TRIAGE = [*SMALL, "data=synthetic", "launch.hang_timeout_s=5"]
 RANK1 = r"llmtrain: hang: rank 1 \(node 0, host \S+, local rank 1\) never entered all_reduce #\d+ on the dp group"
 EXPECTED = {
     BLOCK_DATA: RANK1 + r"; rank 0 waits in it; rank 1 is in data loading \(stack: hang_here \(fault_injection\.py:"
@@ -53,7 +52,7 @@ def test_an_injected_hang_gets_its_verdict_and_evidence(tmp_path, kind):
     verdicts = [line for line in out.splitlines() if line.startswith("llmtrain: hang: ")]
     assert len(verdicts) == 1 and re.match(EXPECTED[kind], verdicts[0]), out[-3000:]
     assert re.search(r"^llmtrain: hang suspected: no step completed for \d+ s \(rank 0 at step 4, rank 1 at step 4\); "
-                     r"the bound is max\(launch.hang_timeout_s=3, 10 x median step \d+\.\d\d s\) = \d+ s", out, re.M), out
+                     r"the bound is max\(launch.hang_timeout_s=5, 10 x median step \d+\.\d\d s\) = \d+ s", out, re.M), out
     folders = list((run_dir / "hangs").iterdir())
     assert [f.name for f in folders] == [re.search(r"hang evidence in \S+/hangs/(\S+)", out)[1]]
     folder = folders[0]

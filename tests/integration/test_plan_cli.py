@@ -51,7 +51,6 @@ def test_predicted_memory_within_10_percent_of_measured(tmp_path):
     assert len(checked) >= 5  # dp, tp, pp, zero and recompute varied
 
 
-@pytest.mark.exclusive  # timed
 def test_plan_cli_fit_json_and_speed():
     start = time.perf_counter()
     result = run_cli(["plan", "model=gpt-175b", "hardware=h100", "cluster.nproc_per_node=8"])

@@ -76,7 +76,6 @@ def _errors(result) -> list[str]:
 
 # ---- refused before anything starts: one line, exit 2, nothing written --------------------------------------------
 
-@pytest.mark.exclusive  # timed
 def test_busy_master_port_is_refused_at_once(tmp_path):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
@@ -314,7 +313,6 @@ class _NoWorkers:
         self.stopped = True
 
 
-@pytest.mark.exclusive  # timed
 def test_preempt_without_workers_stops_at_once(tmp_path, capsys, monkeypatch):
     from llmtrain.launch.supervision import processes
 

@@ -14,8 +14,9 @@ import pytest
 from conftest import read_rows, run_cli
 
 pytestmark = pytest.mark.slow
-# The shared tune and the tests reading it are `exclusive`: calibration compares tokens/s measured at different
-# times, which a busy neighbour would skew. The second round's test only compares trials with each other.
+# Calibration compares tokens/s measured at different times, which a busy neighbour would skew: the first test (it
+# starts the shared tune) and the calibration test run alone; the tests between them only read the tune's result.
+# The second round's test only compares trials with each other.
 measures_tokens_per_s = pytest.mark.exclusive
 
 STEPS = 5  # the first step is warm-up: four measured steps per trial
@@ -109,7 +110,6 @@ def test_four_layouts_are_measured_and_the_measured_fastest_wins(tuned):
     assert f"  zero: {values['parallel.zero']}\n" in option and "  global_batch_size: 16\n" in option
 
 
-@measures_tokens_per_s
 def test_the_winner_composes_from_the_printed_launch_line(tuned):
     line = next(s for s in tuned["first"].stdout.splitlines() if s.startswith("llmtrain: tune: launch it with: "))
     args = line.split("launch it with: llmtrain launch ", 1)[1].split()
@@ -123,7 +123,6 @@ def test_the_winner_composes_from_the_printed_launch_line(tuned):
         assert f"  {key.split('.')[1]}: {value}\n" in shown.stdout, override
 
 
-@measures_tokens_per_s
 def test_a_layout_over_the_memory_is_recorded_as_not_fitting_and_not_launched(tuned):
     record = trial(tuned, tuned["heaviest"])
     assert record["fit"] == "out of memory" and record["reason"].startswith("plan: ")
@@ -131,7 +130,6 @@ def test_a_layout_over_the_memory_is_recorded_as_not_fitting_and_not_launched(tu
     assert table(tuned["first"].stdout)[tuned["heaviest"]][5].startswith("out of memory (plan: ")
 
 
-@measures_tokens_per_s
 def test_a_failing_trial_is_reported_and_the_tune_goes_on(tuned):
     record = trial(tuned, tuned["broken"])
     assert record["fit"] == "failed" and record["reason"] == "refused: run.dir"
@@ -140,7 +138,6 @@ def test_a_failing_trial_is_reported_and_the_tune_goes_on(tuned):
     assert table(out)[tuned["broken"]][5] == "failed: refused: run.dir"
 
 
-@measures_tokens_per_s
 def test_the_same_command_again_reuses_every_trial_and_launch_starts_the_winner(tuned):
     again = tuned["again"]
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]
