@@ -1,9 +1,9 @@
-"""The suite on two pytest-xdist workers (`-n 2` in pyproject.toml's addopts) with what each test sees unchanged:
+"""The suite on three pytest-xdist workers (`-n 3` in pyproject.toml's addopts) with what each test sees unchanged:
 - every test of a module runs on one worker, so a module-scoped fixture (one launch shared by several checks) runs
   once;
 - every test marked `cluster` runs on one worker: the two-node test cluster can be up only once on a machine;
 - the groups are handed out longest first (the cluster's, then modules by their number of `slow` tests, the unit
-  tests last), so that the two workers end together instead of one finishing the longest group alone;
+  tests last), so that the workers end together instead of one finishing the longest group alone;
 - a test marked `exclusive` (it measures speed or time) runs while no other test runs. Each test holds a lock on a
   file of this run: shared, or exclusive for an `exclusive` test. A turnstile in front of it lets a waiting
   exclusive test in before the other worker's next test, so it never waits for more than the test in progress.

@@ -10,11 +10,12 @@ import re
 import pytest
 from conftest import SMALL, read_rows, run_cli
 
-pytestmark = [pytest.mark.slow, pytest.mark.cluster, pytest.mark.exclusive]  # compares step times
+pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 TWO_NODES = SMALL + ["train.global_batch_size=8", "train.micro_batch_size=2", "cluster.nnodes=2"]
 PARTS = ("productive_s", "queue_s", "startup_s", "checkpoint_s", "lost_s", "restart_s", "shutdown_s")
 
 
+@pytest.mark.exclusive  # compares the ranks' step times
 def test_slowed_rank_on_the_second_ssh_node_is_named_with_its_host(cluster, tmp_path):
     hostfile = tmp_path / "hosts.txt"
     hostfile.write_text("node1 slots=1\nnode2 slots=1\n")

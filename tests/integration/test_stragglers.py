@@ -9,8 +9,8 @@ import pytest
 from conftest import SMALL, read_rows, run_cli
 
 pytestmark = pytest.mark.slow
-# The runs compare ranks' step times: the first test of each (which starts its module fixture) runs alone; the
-# tests after it only read what that run left.
+# The runs compare ranks' step times: the first test, which starts both runs, runs alone; the others read what they
+# left.
 measures_step_times = pytest.mark.exclusive
 # Two steps per log interval (rows at steps 1, 2, 4, ...; the first interval is not judged), named after three slow
 # intervals in a row: from step 3 on, rank 1 is slow in the intervals ending at steps 4, 6 and 8, so it is first
@@ -43,7 +43,7 @@ def healthy(tmp_path_factory):
 
 
 @measures_step_times
-def test_slowed_rank_is_named_in_the_log_with_host_and_slowdown(slowed):
+def test_slowed_rank_is_named_in_the_log_with_host_and_slowdown(slowed, healthy):
     _, out = slowed
     lines = [line for line in out.splitlines() if "straggler" in line]
     assert lines, out[-3000:]
@@ -81,7 +81,6 @@ def test_status_and_report_name_the_straggler(slowed):
                      rf"{last['step']} \(\d+ time\(s\) in all\)", report.stdout), report.stdout
 
 
-@measures_step_times
 def test_healthy_run_names_none(healthy):
     run_dir, out = healthy
     assert "straggler" not in out
