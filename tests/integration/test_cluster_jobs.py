@@ -239,13 +239,15 @@ def test_a_slurm_sweep_submits_a_job_per_combination_and_both_finish(cluster, tm
 
 def test_the_job_script_submitted_again_refuses_while_the_first_job_runs(cluster, tmp_path):
     """`sbatch RUN_DIR/slurm/job.sbatch` while the launched job trains in that run directory (one with a space in
-    its path): the second job ends at once with one line in its log, and the first finishes alone, 300 rows."""
+    its path): the second job ends at once with one line in its log, and the first finishes alone, 60 rows."""
     run_dir = tmp_path / "my runs" / "a"
     job = second = None
     try:
-        # One CPU per node, so that the second job fits beside the first and really starts.
-        result = run_cli(["launch", f"run.dir={run_dir}", *TWO_NODES, *SLURM, "train.max_steps=300",
-                          "cluster.cpus_per_node=1"], env=cluster.env, timeout=120)
+        # One CPU per node, so that the second job fits beside the first and really starts. Each step sleeps 0.5 s:
+        # the first job outlasts the second's start by far without keeping a core busy meanwhile.
+        result = run_cli(["launch", f"run.dir={run_dir}", *TWO_NODES, *SLURM, "train.max_steps=60",
+                          "cluster.cpus_per_node=1", "+env.LLMTRAIN_INJECT_SLOWDOWN=*:0.5s:1"], env=cluster.env,
+                         timeout=120)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
         job, _ = submitted(result.stdout)
         assert wait_for(lambda: len(read_rows(run_dir)) >= 2, timeout=300), state(cluster, job)
@@ -269,8 +271,8 @@ def test_the_job_script_submitted_again_refuses_while_the_first_job_runs(cluster
                    f"another run.dir (remove {run_dir}/.lock only if that job is gone)\n"), log
     assert "JobState=COMPLETED" in first, first
     rows = read_rows(run_dir)
-    assert [r["step"] for r in rows] == list(range(1, 301))  # one job's rows, in order: nothing interleaved
-    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-0000300"]
+    assert [r["step"] for r in rows] == list(range(1, 61))  # one job's rows, in order: nothing interleaved
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-0000060"]
 
 
 def test_a_preemption_notice_to_the_batch_shell_checkpoints_and_requeues(cluster, tmp_path):
