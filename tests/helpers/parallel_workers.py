@@ -6,8 +6,8 @@
   tests last), so that the workers end together instead of one finishing the longest group alone;
 - a test marked `exclusive` (it measures speed or time) runs while no other test runs. Each test holds a lock on a
   file of this run: shared, or exclusive for an `exclusive` test. A turnstile in front of it lets a waiting
-  exclusive test in before the other worker's next test, so it never waits for more than the test in progress.
-Two several-rank tests do run at once: on two cores each takes longer, but the pair ends sooner than one after the
+  exclusive test in before the other workers' next tests, so it never waits for more than the test in progress.
+Several-rank tests do run at once: on two cores each takes longer, but the pair ends sooner than one after the
 other, since much of a launch is waiting (interpreters starting, rendezvous, files).
 Under plain `pytest -n 0` none of this applies.
 
