@@ -18,7 +18,7 @@ from llmtrain.cli import main
 from llmtrain.train.fault_injection import BLOCK_DATA, HANG_ENV, SKIP_COLLECTIVE, SLEEP_IN_STEP
 
 # Step 5: the median step time is past the slow first step by then, so the bound is launch.hang_timeout_s. 5 s is
-# over 20 times a step of this model on a busy 2-core machine: these runs share it with other tests.
+# over ten steps of this model on a busy 2-core machine (0.2-0.4 s each): these runs share it with other tests.
 HANG_STEP = 5
 TRIAGE = [*SMALL, "data=synthetic", "launch.hang_timeout_s=5"]
 RANK1 = r"llmtrain: hang: rank 1 \(node 0, host \S+, local rank 1\) never entered all_reduce #\d+ on the dp group"
