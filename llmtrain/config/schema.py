@@ -348,6 +348,9 @@ class LaunchConfig:
     # gathers stacks and collective traces into RUN_DIR/hangs/, says why in one line and stops it; the bound
     # grows to 10x the median step time when steps are slower than a tenth of this.
     hang_timeout_s: float = 300.0
+    # After a hang, seconds to wait for every node agent's stacks and traces; a node silent by then (its agent
+    # stopped or unreachable) is named in the verdict. The agents answer within about 6 s (py-spy takes longer).
+    hang_evidence_wait_s: float = 30.0
     # Threads per worker process; null = cores / processes on this node.
     omp_num_threads: Optional[int] = None
     # After SIGTERM/SIGUSR1, how long workers get to checkpoint before they are killed.

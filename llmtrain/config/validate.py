@@ -293,6 +293,8 @@ def _validate_cluster(cfg: DictConfig) -> None:
     _require(cfg.launch.pg_timeout_s > 0, "launch.pg_timeout_s", f"must be > 0 (got {cfg.launch.pg_timeout_s})")
     _require(cfg.launch.hang_timeout_s > 0, "launch.hang_timeout_s",
              f"must be > 0 (got {cfg.launch.hang_timeout_s})")
+    _require(cfg.launch.hang_evidence_wait_s > 0, "launch.hang_evidence_wait_s",
+             f"must be > 0 (got {cfg.launch.hang_evidence_wait_s})")
     _require(cfg.launch.rendezvous_timeout_s > 0, "launch.rendezvous_timeout_s",
              f"must be > 0 (got {cfg.launch.rendezvous_timeout_s})")
     ratio = cfg.launch.max_memory_ratio

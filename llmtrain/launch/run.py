@@ -221,7 +221,8 @@ def _start_and_follow(cfg: DictConfig, backend, console, record: LaunchRecord) -
     monitor = Monitor(run_dir, cfg.train.max_steps, console, nnodes=cfg.cluster.nnodes,
                       max_restarts=cfg.launch.max_restarts, rendezvous_timeout_s=cfg.launch.rendezvous_timeout_s,
                       nproc_per_node=cfg.cluster.nproc_per_node, combined_log=backend.owns_processes,
-                      hang_timeout_s=cfg.launch.hang_timeout_s)
+                      hang_timeout_s=cfg.launch.hang_timeout_s,
+                      hang_evidence_wait_s=cfg.launch.hang_evidence_wait_s)
     try:
         code = backend.run(monitor)
     except KeyboardInterrupt:

@@ -30,6 +30,7 @@ def test_a_stopped_node_agent_is_named_and_the_verdict_still_comes(cluster, host
     proc = subprocess.Popen([sys.executable, "-m", "llmtrain", "launch", f"run.dir={run_dir}", *SMALL,
                              "data=synthetic", "train.max_steps=100000", "cluster.nnodes=2",
                              "cluster.nproc_per_node=1", "launch.hang_timeout_s=5",
+                             "launch.hang_evidence_wait_s=15",
                              "+env.LLMTRAIN_INJECT_HANG=block_data:6:1", *ssh_args(cluster, hostfile)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, **cluster.env})

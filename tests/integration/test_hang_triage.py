@@ -84,8 +84,9 @@ def test_a_healthy_run_writes_no_hang_evidence(tmp_path):
     assert progress["step"] == 8 and progress["steps"] == 8 and progress["median_step_s"] > 0
 
 
+@pytest.mark.parametrize("key", ["launch.hang_timeout_s", "launch.hang_evidence_wait_s"])
 @pytest.mark.parametrize("value", ["0", "-1"])
-def test_a_hang_timeout_must_be_positive(value, capsys):
-    assert main(["config", f"launch.hang_timeout_s={value}"]) == 2
+def test_a_hang_timeout_must_be_positive(key, value, capsys):
+    assert main(["config", f"{key}={value}"]) == 2
     err = capsys.readouterr().err
-    assert err == f"llmtrain: error: launch.hang_timeout_s: must be > 0 (got {float(value)})\n"
+    assert err == f"llmtrain: error: {key}: must be > 0 (got {float(value)})\n"

@@ -15,17 +15,13 @@ from llmtrain.rundir.node_ledger import record_node_event
 from llmtrain.rundir.paths import RunPaths
 from llmtrain.rundir.hang_files import node_answers, read_json, request_evidence, request_path
 
-# The agents poll every second and give their workers 5 s to answer; py-spy, when installed, takes a few more.
-ANSWERS_WAIT_S = 30.0
-
-
 class HangDetected(Exception):
     """The job is hung; the message is the verdict line."""
 
 
-def collect(run_dir: str, nnodes: int, wait_s: float = ANSWERS_WAIT_S) -> str:
-    """Ask for evidence into RUN_DIR/hangs/<YYYYmmdd-HHMMSS>/ and wait until every node answered (or wait_s
-    passed); return the folder."""
+def collect(run_dir: str, nnodes: int, wait_s: float) -> str:
+    """Ask for evidence into RUN_DIR/hangs/<YYYYmmdd-HHMMSS>/ and wait until every node answered (or wait_s,
+    launch.hang_evidence_wait_s, passed); return the folder."""
     folder = request_evidence(run_dir, time.strftime("%Y%m%d-%H%M%S"))
     deadline = time.monotonic() + wait_s
     while len(node_answers(folder, nnodes)) < nnodes and time.monotonic() < deadline:

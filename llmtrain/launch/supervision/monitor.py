@@ -94,10 +94,11 @@ class RendezvousWatch:
 class Monitor:
     def __init__(self, run_dir: str, max_steps: int, console: Console | None = None, stream_rank: int = 0,
                  nnodes: int = 1, max_restarts: int = 0, rendezvous_timeout_s: float | None = None,
-                 nproc_per_node: int = 1, combined_log: bool = False, hang_timeout_s: float | None = None):
+                 nproc_per_node: int = 1, combined_log: bool = False, hang_timeout_s: float | None = None,
+                 hang_evidence_wait_s: float = 30.0):
         """combined_log: write logs/combined.log while following (the launcher of a job whose processes it
         owns; a Slurm job's batch script writes its own). hang_timeout_s: launch.hang_timeout_s; None: no hang
-        detection."""
+        detection. hang_evidence_wait_s: launch.hang_evidence_wait_s."""
         self.run_dir = run_dir
         self.console = console or get_console()
         self.log = LineFollower(RunPaths(run_dir).rank_log(stream_rank), from_end=True)
@@ -116,6 +117,7 @@ class Monitor:
         self.nnodes = nnodes
         self.hangs = HangWatch(run_dir, nnodes * nproc_per_node, hang_timeout_s) if hang_timeout_s else None
         self.hang_checked = 0.0
+        self.hang_evidence_wait_s = hang_evidence_wait_s
 
     def poll(self) -> None:
         if self.combined is not None:
@@ -148,7 +150,7 @@ class Monitor:
             return
         self.console.print(f"llmtrain: hang suspected: {why}; gathering stacks and collective traces",
                            markup=False, highlight=False, soft_wrap=True)
-        folder = collect(self.run_dir, self.nnodes)
+        folder = collect(self.run_dir, self.nnodes, self.hang_evidence_wait_s)
         line = judge(self.run_dir, folder, self.hangs.world_size, self.nnodes, why)
         self.console.print(line, markup=False, highlight=False, soft_wrap=True)
         self.console.print(f"llmtrain: hang evidence in {folder}", markup=False, highlight=False, soft_wrap=True)
