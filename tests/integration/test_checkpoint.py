@@ -1,7 +1,8 @@
 """Checkpoints and resume: exact same-layout resume, resharded resume, restarts after a kill, preemption,
 partial and corrupted checkpoints, `ckpt list`, and the names the model and optimizer state are saved under. What
 only the trainer decides (resharding, async saves, model.init_from, the one-process reference) trains in-process
-(helpers.inprocess_run); the launcher's own paths (resume messages, restarts, signals, kills) launch."""
+(helpers.inprocess_run), as do the runs the launcher's tests start from or compare with; the launcher's own paths
+(resume messages, restarts, signals, kills) launch."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def max_diff(a: dict, b: dict, steps) -> float:
 def uninterrupted(tmp_path_factory):
     """12 steps at DP2, never stopped; and the same on one process."""
     base = tmp_path_factory.mktemp("uninterrupted")
-    launch(base / "dp2", *BASE)
+    train(base / "dp2", *BASE)
     train(base / "one", *BASE, "cluster.nproc_per_node=1")
     return {"dp2": train_losses(base / "dp2"), "one": train_losses(base / "one"), "dir": base}
 
@@ -56,7 +57,7 @@ def test_stop_and_resume_same_layout_is_exact(uninterrupted, tmp_path):
     # Evaluation right before the save (and after the resume) must not disturb what is saved: FSDP2 leaves its
     # unsharded parameters registered after a no-grad forward.
     run_dir = tmp_path / "run"
-    launch(run_dir, *BASE, "train.stop_at_step=6", "checkpoint.keep=5", "train.eval_interval=3")
+    train(run_dir, *BASE, "train.stop_at_step=6", "checkpoint.keep=5", "train.eval_interval=3")
     assert ckpt_steps(run_dir) == ["step-0000006"]
     result = run_cli(["launch", f"run.dir={run_dir}", *BASE, "checkpoint.keep=5", "train.eval_interval=3"])
     assert result.returncode == 0, result.stderr[-2000:]
@@ -155,7 +156,7 @@ def test_killed_rank_restarts_and_matches(uninterrupted, tmp_path):
     steps = 30
     overrides = [*BASE, f"train.max_steps={steps}", "checkpoint.interval=4", "launch.max_restarts=1"]
     reference_dir = tmp_path / "reference"
-    launch(reference_dir, *BASE, f"train.max_steps={steps}")
+    train(reference_dir, *BASE, f"train.max_steps={steps}")
     proc = _start(run_dir, *overrides)
     try:
         assert wait_for(lambda: any(r.get("step", 0) >= 6 for r in read_rows(run_dir)), timeout=180)
@@ -202,7 +203,7 @@ def test_sigterm_checkpoints_and_resubmission_resumes(uninterrupted, tmp_path):
     losses = train_losses(run_dir)
     assert sorted(losses)[-2:] == [saved[0] + 1, saved[0] + 2]
     reference_dir = tmp_path / "reference"
-    launch(reference_dir, *BASE, f"train.max_steps={steps}", f"train.stop_at_step={saved[0] + 2}")
+    train(reference_dir, *BASE, f"train.max_steps={steps}", f"train.stop_at_step={saved[0] + 2}")
     assert max_diff(losses, train_losses(reference_dir), range(1, saved[0] + 3)) <= 1e-6
 
 

@@ -14,8 +14,9 @@ import sys
 import time
 
 import pytest
-from conftest import SMALL, launch, read_rows, run_cli, train_losses, wait_for
+from conftest import SMALL, read_rows, run_cli, train_losses, wait_for
 from helpers.cluster_nodes import ssh_args
+from helpers.inprocess_run import train_in_process
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 # One process per node (the hostfile's slots=1 gives it for ssh); DP2 across the two nodes.
@@ -196,8 +197,8 @@ def test_time_limit_requeues_the_job_until_max_steps(cluster, tmp_path):
     job_log = "".join(p.read_text() for p in (run_dir / "logs").glob("slurm-*.out"))
     assert "the time limit is near: checkpoint at step" in job_log, job_log[-3000:]
     reference = tmp_path / "reference"
-    launch(reference, *SMALL, "train.global_batch_size=8", "train.micro_batch_size=2", "train.log_interval=5",
-           f"train.max_steps={steps}")
+    train_in_process(reference, *SMALL, "train.global_batch_size=8", "train.micro_batch_size=2",
+                     "train.log_interval=5", f"train.max_steps={steps}")
     got, want = train_losses(run_dir), train_losses(reference)
     assert max(got) == steps
     assert max(abs(got[s] - want[s]) for s in want) <= 1e-5

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import SMALL, launch, run_cli
+from conftest import SMALL, run_cli
 from helpers.inprocess_run import train_in_process as train
 from helpers.checkpoint_reads import float_tensors, names, write_metrics  # noqa: F401
 
@@ -42,7 +42,7 @@ def rank0_log(run: Path) -> str:
 def test_a_non_finite_streak_is_never_checkpointed_and_the_good_one_resumes(tmp_path):
     run = tmp_path / "run"
     common = [*BASE, "train.max_steps=20", "cluster.nproc_per_node=2"]
-    launch(run, *common, "train.stop_at_step=2")
+    train(run, *common, "train.stop_at_step=2")
     good = run / "checkpoints" / "step-0000002"
     # lr=1e9: step 3's update is finite but blows the weights up; from step 4 on every step is non-finite.
     result = run_cli(["launch", f"run.dir={run}", *common, "train.lr=1e9", "checkpoint.interval=5",
@@ -57,7 +57,7 @@ def test_a_non_finite_streak_is_never_checkpointed_and_the_good_one_resumes(tmp_
     for path in (run / "checkpoints").iterdir():
         assert_finite_checkpoint(path, tmp_path)
     # The newest checkpoint really is a good state: with a sane lr training goes on with finite losses.
-    launch(run, *common, "train.stop_at_step=6")
+    train(run, *common, "train.stop_at_step=6")
     losses = {r["step"]: r["loss"] for r in read_metrics(str(run / "metrics.jsonl")) if "loss" in r}
     assert sorted(losses) == [1, 2, 3, 4, 5, 6]
     assert all(v is not None and math.isfinite(v) for v in losses.values()), losses

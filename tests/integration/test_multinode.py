@@ -12,8 +12,9 @@ import sys
 import time
 
 import pytest
-from conftest import SMALL, launch, read_rows, run_cli, train_losses, wait_for
+from conftest import SMALL, read_rows, run_cli, train_losses, wait_for
 from helpers.cluster_nodes import node_agent, node_processes, ssh_args
+from helpers.inprocess_run import train_in_process
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 # One process per node; DP2 across the two nodes.
@@ -24,7 +25,7 @@ COMMON = SMALL + ["train.max_steps=8", "train.global_batch_size=8", "train.micro
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("ref") / "run"
-    launch(run_dir, *SMALL, "train.max_steps=8", "train.global_batch_size=8", "train.micro_batch_size=2")
+    train_in_process(run_dir, *SMALL, "train.max_steps=8", "train.global_batch_size=8", "train.micro_batch_size=2")
     return train_losses(run_dir)
 
 
@@ -173,8 +174,8 @@ def test_slurm_two_nodes_match_and_requeue_resumes(cluster, reference, tmp_path)
     assert re.findall(r"^===== launch 1 \(Slurm job \d+, restart (\d)\), ", combined, re.MULTILINE) == ["0", "1"]
     assert re.search(r"^\[[01]/0\] step +40/400 \| loss", combined, re.MULTILINE), combined[-2000:]
     ref_dir = tmp_path / "requeue-ref"
-    launch(ref_dir, *SMALL, "train.global_batch_size=8", "train.micro_batch_size=2", f"train.max_steps={steps}",
-           "train.stop_at_step=40")
+    train_in_process(ref_dir, *SMALL, "train.global_batch_size=8", "train.micro_batch_size=2",
+                     f"train.max_steps={steps}", "train.stop_at_step=40")
     got, want = train_losses(run_dir), train_losses(ref_dir)
     assert sorted(got) == list(range(1, 41))
     assert max(abs(got[s] - want[s]) for s in want) <= 1e-5

@@ -2,8 +2,8 @@
 
 Each layout runs 10 steps on the embedded stdlib data and must match the 1-process losses and gradient norms to
 1e-5. The layouts train in ranks forked from the test process (helpers.inprocess_run: the real run directory and
-worker, without torchrun's start-up); the 3-D layout goes through `llmtrain launch` end to end. Sharding is checked
-in bytes, and tensor parallel's communication is counted.
+worker, without torchrun's start-up; tests/integration/test_launch.py checks DP parity through `llmtrain launch`).
+Sharding is checked in bytes, and tensor parallel's communication is counted.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, SMALL, launch
+from conftest import REPO, SMALL
 from helpers.inprocess_run import train_in_process as train
 
 pytestmark = pytest.mark.slow
@@ -70,11 +70,11 @@ def test_layout_matches_one_process(name, reference, tmp_path):
 
 
 def test_3d_dp2_pp2_tp2_on_8_ranks(reference, tmp_path):
-    """The full 3-D layout end to end on the embedded default data, interleaved schedule, sequence parallel."""
+    """The full 3-D layout on the embedded default data, interleaved schedule, sequence parallel."""
     run_dir = tmp_path / "3d"
-    rows = launch(run_dir, *PARITY, "cluster.nproc_per_node=8", "parallel.tp=2", "parallel.pp=2",
-                  "parallel.sequence_parallel=true", "train.global_batch_size=8", "train.micro_batch_size=1",
-                  "parallel.pp_schedule=interleaved_1f1b", "parallel.virtual_stages=2")
+    rows = train(run_dir, *PARITY, "cluster.nproc_per_node=8", "parallel.tp=2", "parallel.pp=2",
+                 "parallel.sequence_parallel=true", "train.global_batch_size=8", "train.micro_batch_size=1",
+                 "parallel.pp_schedule=interleaved_1f1b", "parallel.virtual_stages=2")
     assert_parity(rows, reference, "dp2 x pp2 x tp2")
     statuses = [json.loads((run_dir / "logs" / f"rank{r}.status").read_text()) for r in range(8)]
     assert all(s["status"] == "ok" for s in statuses)

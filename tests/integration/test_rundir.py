@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import SMALL, launch, read_rows, run_cli, wait_for, worker_processes
+from conftest import SMALL, read_rows, run_cli, wait_for, worker_processes
+from helpers.inprocess_run import train_in_process
 
 from llmtrain.config import ConfigError
 from llmtrain.launch.run_lock import RunDirLock
@@ -64,7 +65,7 @@ def test_lock_of_a_slurm_job_holds_while_the_job_may_run(tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("finished") / "run"
-    launch(run_dir, *TINY, "checkpoint.interval=2")
+    train_in_process(run_dir, *TINY, "checkpoint.interval=2")
     return run_dir
 
 
