@@ -14,6 +14,7 @@ import psutil
 import pytest
 from omegaconf import OmegaConf
 from conftest import REPO, SMALL, launch, read_rows, run_cli, train_losses, wait_for, worker_processes
+from helpers.inprocess_run import train_in_process
 
 pytestmark = pytest.mark.slow
 PARITY = SMALL + ["train.max_steps=10", "train.global_batch_size=8", "train.micro_batch_size=2"]
@@ -21,9 +22,10 @@ PARITY = SMALL + ["train.max_steps=10", "train.global_batch_size=8", "train.micr
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """One process, gradient accumulation over the whole global batch."""
+    """One process, gradient accumulation over the whole global batch (trained in-process: what is compared with it
+    goes through `llmtrain launch`)."""
     run_dir = tmp_path_factory.mktemp("ref") / "run"
-    launch(run_dir, *PARITY, "cluster.nproc_per_node=1")
+    train_in_process(run_dir, *PARITY, "cluster.nproc_per_node=1")
     return train_losses(run_dir)
 
 

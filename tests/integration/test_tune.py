@@ -1,7 +1,7 @@
 """`llmtrain tune` on 2 CPU ranks: one tune of six layouts (four measured, one that cannot fit the memory it is
-given, one whose launch fails; --no-refine), then the same command again with --launch (every trial reused, the
-winner launched), and a layout the tune did not measure launched to check that the calibrated plan estimates it
-better than the uncalibrated one did. Then one tune of the top layout with its second round (+compile, +fused)."""
+given, one whose launch fails; --no-refine) and a layout the tune did not measure launched to check that the
+calibrated plan estimates it better than the uncalibrated one did; then the same command again with --launch (every
+trial reused, the winner launched). Then one tune of the top layout with its second round (+compile, +fused)."""
 
 from __future__ import annotations
 
@@ -69,8 +69,7 @@ def tuned(tmp_path_factory):
     rows_after_first = {d.name: len(read_rows(d)) for d in tune_dir.iterdir() if d.is_dir()}
     other = unmeasured_launch(work, cache, overrides, {r.layout.name for r in top6}, env) if first.returncode == 0 \
         else None
-    again = run_cli([*command, "--launch"], cwd=work, env=env, timeout=600)
-    return {"work": work, "cache": cache, "dir": tune_dir, "first": first, "again": again, "top6": top6,
+    return {"work": work, "cache": cache, "dir": tune_dir, "first": first, "command": command, "top6": top6,
             "heaviest": heaviest, "broken": broken, "overrides": overrides, "rows": rows_after_first, "env": env,
             "other": other}
 
@@ -155,7 +154,8 @@ def test_a_failing_trial_is_reported_and_the_tune_goes_on(tuned):
 
 
 def test_the_same_command_again_reuses_every_trial_and_launch_starts_the_winner(tuned):
-    again = tuned["again"]
+    # Not part of the shared tune's exclusive turn: it measures nothing new.
+    again = run_cli([*tuned["command"], "--launch"], cwd=tuned["work"], env=tuned["env"], timeout=600)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]
     assert again.stdout.count("llmtrain: tune: reusing trial ") == 6 and "sweep: run " not in again.stdout
     assert {d.name: len(read_rows(d)) for d in tuned["dir"].iterdir() if d.is_dir()} == tuned["rows"]
