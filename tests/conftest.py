@@ -16,8 +16,8 @@ import pytest
 from helpers import parallel_workers
 
 os.environ["OMP_NUM_THREADS"] = "1"
-# Inductor compiles in the compiling process: its pool of compile workers costs each rank process starts that two
-# cores never win back (54 instead of 67 CPU-seconds for a 2-rank compiled run).
+# Inductor compiles in the compiling process: on two cores, starting its pool of compile worker processes in every
+# rank costs more than the pool gains (a 2-rank compiled run: 54 instead of 67 CPU-seconds).
 os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
 REPO = Path(__file__).resolve().parents[1]
 

@@ -53,7 +53,8 @@ def test_an_injected_hang_gets_its_verdict_and_evidence(tmp_path, kind):
     assert len(verdicts) == 1 and re.match(EXPECTED[kind], verdicts[0]), out[-3000:]
     # Each rank is named once its own silence, timed from when the launcher saw its step 4, passes the bound: under
     # load the launcher may see one rank's step 4 a poll later than the other's, and name only the other.
-    assert re.search(r"^llmtrain: hang suspected: no step completed for \d+ s \(rank \d at step 4(, rank \d at step 4)?\); "
+    assert re.search(r"^llmtrain: hang suspected: no step completed for \d+ s "
+                     r"\(rank \d at step 4(, rank \d at step 4)?\); "
                      r"the bound is max\(launch.hang_timeout_s=5, 10 x median step \d+\.\d\d s\) = \d+ s", out, re.M), out
     folders = list((run_dir / "hangs").iterdir())
     assert [f.name for f in folders] == [re.search(r"hang evidence in \S+/hangs/(\S+)", out)[1]]
