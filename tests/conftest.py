@@ -26,9 +26,18 @@ SMALL = ["model.d_model=64", "model.seq_len=64", "train.log_interval=1", "train.
          "train.warmup_steps=2", "launch.pg_timeout_s=120"]
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
-    parallel_workers.add_groups(config, items)
+    parallel_workers.order_groups(config, items)
+
+
+@pytest.hookimpl(optionalhook=True)  # called by pytest-xdist's controller; before its own (trylast) scheduler
+def pytest_xdist_make_scheduler(config, log):
+    return parallel_workers.make_scheduler(config, log)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids):
+    parallel_workers.check_scheduler_made(node.config)
 
 
 @pytest.hookimpl(wrapper=True)
