@@ -5,9 +5,9 @@ and every `test_cluster_*.py` module's tests together, ran on one worker."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -45,9 +45,7 @@ def _pytest(root: Path, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300, env={**_env(), "GROUPS_LOG": str(root / "log")})
 
 
-def _env() -> dict[str, str]:
-    import os
-
+def _env() -> dict[str, str]:  # none of this run's xdist variables
     return {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
 
 
