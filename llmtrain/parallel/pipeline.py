@@ -13,6 +13,12 @@ import copy
 from torch import nn
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import (
+    FORWARD,
+    OVERLAP_F_B,
+    RECV_F,
+    RESHARD,
+    SEND_F,
+    UNSHARD,
     Schedule1F1B,
     ScheduleDualPipeV,
     ScheduleGPipe,
@@ -61,3 +67,32 @@ def build_schedule(stages: list[PipelineStage], name: str, n_microbatches: int, 
     if name in ("gpipe", "1f1b"):
         return cls(stages[0], n_microbatches=n_microbatches, loss_fn=loss_fn)
     return cls(stages, n_microbatches=n_microbatches, loss_fn=loss_fn)
+
+
+FORWARD_ACTIONS = (FORWARD, SEND_F, RECV_F, UNSHARD, RESHARD)
+
+
+def _forward_actions(actions: list) -> list:
+    """A rank's actions, forward side only, in their order: an overlapped forward + backward keeps its forward."""
+    kept = []
+    for action in actions:
+        if action.computation_type == OVERLAP_F_B and action.sub_actions is not None:
+            kept.extend(a for a in action.sub_actions if a.computation_type in FORWARD_ACTIONS)
+        elif action.computation_type in FORWARD_ACTIONS:
+            kept.append(action)
+    return kept
+
+
+def evaluate_schedule(schedule, *args, **kwargs):
+    """`schedule.eval(...)` for every schedule. The action-list schedules run their backward actions in eval too
+    (as no-ops), and a V-shaped one hands each backward's input gradient to the stage before it on the same rank,
+    which fails when nothing ran backward: run their forward actions alone (a subsequence of the training order,
+    so the sends and receives still pair up)."""
+    order = getattr(schedule, "pipeline_order_with_comms", None)
+    if not order:
+        return schedule.eval(*args, **kwargs)
+    schedule.pipeline_order_with_comms = {rank: _forward_actions(actions) for rank, actions in order.items()}
+    try:
+        return schedule.eval(*args, **kwargs)
+    finally:
+        schedule.pipeline_order_with_comms = order

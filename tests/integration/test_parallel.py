@@ -17,7 +17,9 @@ from conftest import REPO, SMALL
 from helpers.inprocess_run import train_in_process as train
 
 pytestmark = pytest.mark.slow
-PARITY = SMALL + ["train.max_steps=10", "train.global_batch_size=8", "train.micro_batch_size=2"]
+# Evaluation on at steps 5 and 10: every layout and pipeline schedule evaluates, and its val_loss is compared too.
+PARITY = SMALL + ["train.max_steps=10", "train.global_batch_size=8", "train.micro_batch_size=2",
+                  "train.eval_interval=5", "train.eval_steps=1"]
 TOL = 1e-5
 
 LAYOUTS = {
@@ -44,18 +46,30 @@ LAYOUTS = {
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("ref") / "run"
-    rows = train(run_dir, *PARITY, "cluster.nproc_per_node=1")
-    return {r["step"]: r for r in rows if "loss" in r}
+    return by_step(train(run_dir, *PARITY, "cluster.nproc_per_node=1"))
+
+
+def by_step(rows) -> dict[int, dict]:
+    """Each step's metrics rows merged: its training row and, at an evaluation, its val_loss."""
+    merged: dict[int, dict] = {}
+    for r in rows:
+        if "loss" in r or "val_loss" in r:
+            merged.setdefault(r["step"], {}).update(r)
+    return merged
 
 
 def assert_parity(rows, reference, label, steps=range(1, 11)):
-    got = {r["step"]: r for r in rows if "loss" in r}
+    got = by_step(rows)
     assert sorted(got) == list(steps) and sorted(reference) == list(range(1, 11)), label
     reference = {s: reference[s] for s in steps}
     loss_diff = max(abs(got[s]["loss"] - reference[s]["loss"]) for s in reference)
     norm_diff = max(abs(got[s]["grad_norm"] - reference[s]["grad_norm"]) / reference[s]["grad_norm"]
                     for s in reference)
     assert loss_diff <= TOL, f"{label}: max |loss diff| {loss_diff:.2e} > {TOL}"
+    evaluated = [s for s in steps if "val_loss" in reference[s]]
+    assert evaluated and evaluated == [s for s in steps if "val_loss" in got[s]], f"{label}: evaluations"
+    val_diff = max(abs(got[s]["val_loss"] - reference[s]["val_loss"]) for s in evaluated)
+    assert val_diff <= TOL, f"{label}: max |val_loss diff| {val_diff:.2e} > {TOL}"
     assert norm_diff <= TOL, f"{label}: max relative grad-norm diff {norm_diff:.2e} > {TOL}"
     first, last = min(steps), max(steps)
     drop = 0.3 if first == 1 else 0.1  # the losses compared actually move (less in a run's second half)
@@ -150,8 +164,7 @@ LLAMA_LAYOUTS = {
 
 @pytest.fixture(scope="module")
 def llama_reference(tmp_path_factory):
-    rows = train(tmp_path_factory.mktemp("llama-ref") / "run", *LLAMA, "cluster.nproc_per_node=1")
-    return {r["step"]: r for r in rows if "loss" in r}
+    return by_step(train(tmp_path_factory.mktemp("llama-ref") / "run", *LLAMA, "cluster.nproc_per_node=1"))
 
 
 @pytest.mark.parametrize("name", list(LLAMA_LAYOUTS))
@@ -180,7 +193,7 @@ def test_untied_llama_pp2_zbv_tp2_matches_one_process(tmp_path):
     """An untied head (Llama 3 8B's) lives on the last pipeline stage alone (here with the first, on rank 0 of a
     V-shaped schedule) and is column-parallel under TP."""
     untied = [*LLAMA, "model.tie_embeddings=false"]
-    one = {r["step"]: r for r in train(tmp_path / "one", *untied, "cluster.nproc_per_node=1") if "loss" in r}
+    one = by_step(train(tmp_path / "one", *untied, "cluster.nproc_per_node=1"))
     rows = train(tmp_path / "pp2_tp2", *untied, "cluster.nproc_per_node=4", "parallel.pp=2", "parallel.tp=2",
                   "parallel.sequence_parallel=true", "parallel.pp_schedule=zbv", "parallel.virtual_stages=2")
     assert_parity(rows, one, "untied llama pp2 (zbv) x tp2")
