@@ -8,7 +8,7 @@ import signal
 import sys
 
 from llmtrain import __version__
-from llmtrain.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED, EXIT_USAGE, LlmtrainError
+from llmtrain.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, LlmtrainError
 
 def _config_groups_help() -> str:
     """One line per built-in config group (each folder of configs/) with its options: read from the folders, so
@@ -43,6 +43,21 @@ add your own with --config-dir DIR (its options shadow the built-in ones).
 
 
 class _Parser(argparse.ArgumentParser):
+    """A command's options may come anywhere among its positionals (`launch model=x --dry-run train.max_steps=5`):
+    a parser without subcommands of its own parses intermixed. argparse offers that for a parser but refuses it
+    for one with subparsers, so the top level dispatches as usual and each command's parser intermixes."""
+
+    _intermixing = False
+
+    def parse_known_args(self, args=None, namespace=None):
+        if self._subparsers is not None or self._intermixing:
+            return super().parse_known_args(args, namespace)
+        self._intermixing = True  # parse_known_intermixed_args calls parse_known_args itself (Python < 3.13)
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._intermixing = False
+
     def error(self, message: str):  # one line, exit 2, like every other bad input
         self.exit(EXIT_USAGE, f"llmtrain: error: {message} (see llmtrain --help)\n")
 
@@ -108,8 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
                                       "(weights, gradients, optimizer state by zero level, activations by "
                                       "recompute mode and micro-batches in flight) for the heaviest pipeline "
                                       "stage, pipeline bubble, communication per step, estimated step time, "
-                                      "tokens/s and MFU for a hardware= profile (configs/hardware/). Exit 1 if "
-                                      "it does not fit.")
+                                      "tokens/s and MFU (labelled assumed or calibrated; no MFU without a known "
+                                      "peak) for a hardware= profile (configs/hardware/). Exit 1 if it does not "
+                                      "fit, naming the smallest layout change that fits.")
     _add_compose_args(plan)
     from llmtrain.plan.cli import add_plan_arguments
 
@@ -154,6 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_report_arguments(report)
 
     _add_job_commands(sub)
+    _add_inference_commands(sub)
 
     data = sub.add_parser("data", help="data tools (prepare)", description="Data tools.")
     data_sub = data.add_subparsers(dest="data_command", metavar="DATA_COMMAND", parser_class=_Parser)
@@ -206,9 +223,9 @@ def _add_job_commands(sub) -> None:
     status.add_argument("--json", action="store_true", help="print the same facts as one JSON object")
     follow = sub.add_parser("follow", help="attach to a running job: rank 0's log and progress until it ends",
                             description="Stream rank 0's log and the progress of the job behind RUN_DIR until it "
-                                        "ends; exit 0 when it finished, 1 when it failed, 130 when it was "
-                                        "interrupted, 143 when it was preempted. Ctrl-C detaches; the job keeps "
-                                        "running.")
+                                        "ends; exit 0 when it finished, 1 when it failed, 129 when its launcher's "
+                                        "terminal closed (SIGHUP), 130 when it was interrupted, 143 when it was "
+                                        "preempted. Ctrl-C detaches; the job keeps running.")
     follow.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (run.dir)")
     cancel = sub.add_parser("cancel", help="checkpoint and stop the job behind a run directory (--now: at once)",
                             description="Stop the job behind RUN_DIR. By default it checkpoints first, as on "
@@ -219,13 +236,46 @@ def _add_job_commands(sub) -> None:
     cancel.add_argument("--now", action="store_true", help="stop at once, without a checkpoint")
 
 
+def _add_inference_commands(sub) -> None:
+    """generate and eval: using a checkpoint in this process (llmtrain.inference)."""
+    from llmtrain.inference.eval_cli import add_eval_arguments
+    from llmtrain.inference.generate_cli import add_generate_arguments
+
+    add_generate_arguments(sub.add_parser(
+        "generate", help="continue a prompt with a checkpoint's model (greedy or sampled)",
+        description="Load a checkpoint (a run directory: its newest complete one) in this process, any layout it "
+                    "was saved with, and continue --prompt: greedy (--temperature 0) or sampled (temperature, "
+                    "top-k, top-p, seed), up to --max-new-tokens or the tokenizer's end-of-text token. Text goes "
+                    "through the tokenizer the run's data was prepared with (or --tokenizer). Prints the text; "
+                    "what was loaded and the speed go to stderr."))
+    add_eval_arguments(sub.add_parser(
+        "eval", help="a checkpoint's loss and perplexity on the run's validation data or token files, per source",
+        description="Load a checkpoint (a run directory: its newest complete one) in this process and print its "
+                    "loss and perplexity (exp(loss)) per source and overall: on the run's validation data (the "
+                    "windows the trainer's eval reads, so the loss is its val_loss) or on --data token files."))
+
+
+def run_inference_command(args) -> int:
+    # These start nothing: SIGTERM (or a closed terminal's SIGHUP) ends them like any tool, not as a preemption.
+    for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+    if args.command == "generate":
+        from llmtrain.inference.generate_cli import run_generate
+
+        return run_generate(args)
+    from llmtrain.inference.eval_cli import run_eval
+
+    return run_eval(args)
+
+
 JOB_COMMANDS = ("status", "follow", "cancel")
 
 
 def run_job_command(args) -> int:
-    # These start nothing: SIGTERM ends them like any tool, not as a launcher's preemption.
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+    # These start nothing: SIGTERM (or a closed terminal's SIGHUP) ends them like any tool, not as a launcher's
+    # preemption.
+    for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
     if args.command == "status":
         from llmtrain.jobs.status import run_status
 
@@ -299,6 +349,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_doctor(_compose(args), args.max_bytes, args.iters)
         if args.command in JOB_COMMANDS:
             return run_job_command(args)
+        if args.command in ("generate", "eval"):
+            return run_inference_command(args)
         if args.command == "data" and args.data_command == "prepare":
             from llmtrain.data.prepare_cli import run_prepare
 
@@ -327,10 +379,10 @@ def main(argv: list[str] | None = None) -> int:
         return fail(e)
 
 
-def _compose(args):
+def _compose(args, origins: dict[str, str] | None = None):
     from llmtrain.launch.config_probes import compose_here, validate_here
 
-    cfg = compose_here(args.overrides, args.config_dir)
+    cfg = compose_here(args.overrides, args.config_dir, origins)
     validate_here(cfg)
     return cfg
 
@@ -353,10 +405,11 @@ def cmd_launch(args) -> int:
         from llmtrain.errors import ConfigError
 
         raise ConfigError("--fail-fast", "stops a sweep at its first failed run: use it with -m")
-    cfg = _compose(args)
+    origins: dict[str, str] = {}  # where the global batch came from: the launch record and the trainer say it
+    cfg = _compose(args, origins)
     if args.dry_run:
         return dry_run(cfg)
-    return launch(cfg)
+    return launch(cfg, origins)
 
 
 def entry() -> None:
@@ -366,9 +419,10 @@ def entry() -> None:
     # A script's background job (`llmtrain launch ... &`) starts with SIGINT ignored, and Python then installs no
     # handler of its own: Ctrl-C and `llmtrain cancel --now` (two SIGINTs) must reach the launcher all the same.
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    # Until the launcher's handlers are in place (its imports take a moment), SIGTERM / SIGUSR1 are only noted.
+    # Until the launcher's handlers are in place (its imports take a moment), SIGTERM / SIGUSR1 / SIGHUP are only
+    # noted.
     early: list[int] = []
-    for sig in (signal.SIGTERM, signal.SIGUSR1):
+    for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP):
         signal.signal(sig, lambda signum, frame: early.append(signum))
     try:
         code = _main_with_signals(early)
@@ -385,16 +439,17 @@ def _main_with_signals(early: list[int]) -> int:
     from llmtrain.launch.run import PreemptRequest, raise_preempt
     from llmtrain.launch.supervision.stopping import stopped_early
 
-    # SIGTERM / SIGUSR1 (cluster preemption): checkpoint, then stop. Ctrl-C (SIGINT): stop now. Either one that
-    # arrives before the job has started stops the launch there, without a traceback.
-    signal.signal(signal.SIGTERM, raise_preempt)
-    signal.signal(signal.SIGUSR1, raise_preempt)
+    # SIGTERM / SIGUSR1 (cluster preemption) and SIGHUP (the terminal closed): checkpoint, then stop. Ctrl-C
+    # (SIGINT): stop now. Any of them that arrives before the job has started stops the launch there, without a
+    # traceback.
+    for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP):
+        signal.signal(sig, raise_preempt)
     try:
         if early:
             raise PreemptRequest(signal.Signals(early[0]).name)
         return main()
     except PreemptRequest as e:
-        return stopped_early(str(e), EXIT_PREEMPTED)
+        return stopped_early(str(e), e.exit_code)
 
 
 if __name__ == "__main__":

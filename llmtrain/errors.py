@@ -7,9 +7,12 @@ The codes are the table of docs/guarantees.md ("Exit codes").
 
 from __future__ import annotations
 
+import errno
+
 EXIT_OK = 0  # done
 EXIT_FAILED = 1  # the job, a check or a comparison failed
 EXIT_USAGE = 2  # bad input: one line naming the key or file, before anything starts
+EXIT_HANGUP = 129  # SIGHUP (a closed terminal), after the workers checkpointed (128 + SIGHUP)
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
 EXIT_PREEMPTED = 143  # SIGTERM or SIGUSR1, after the workers checkpointed (128 + SIGTERM)
 
@@ -64,3 +67,35 @@ class VerifyError(KeyedError):
 
 class CancelError(LlmtrainError):
     """The job cannot be stopped from here (another host's launcher, no permission, scancel failed)."""
+
+
+# ---- the storage (exit 1) ----------------------------------------------------------------------------------------
+# The errors that blame the storage rather than the program, in the words a report uses.
+STORAGE_ERRNOS = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
+                  errno.EROFS: "read-only file system"}
+
+
+def storage_reason(err: BaseException) -> str | None:
+    """`no space left on device` (or the quota's, or a read-only file system's words) when `err`, or an error it
+    was raised from, is an OSError of a full or read-only storage; None otherwise."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError) and err.errno in STORAGE_ERRNOS:
+            return STORAGE_ERRNOS[err.errno]
+        err = err.__cause__ or err.__context__
+    return None
+
+
+class StorageError(LlmtrainError, OSError):
+    """A file that could not be written because the storage is full, over quota or read-only: `no space left on
+    device writing PATH`. Still an OSError with the errno, so code that handles a full disk by its errno works."""
+
+    def __init__(self, path: str, err: OSError):
+        reason = STORAGE_ERRNOS.get(err.errno, err.strerror or str(err))
+        OSError.__init__(self, err.errno, reason, str(path))
+        self.path = str(path)
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return f"{self.reason} writing {self.path}"

@@ -7,15 +7,43 @@ rank ended, so the launcher can name the rank that failed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
 import traceback
 from datetime import timedelta
 
+from llmtrain.errors import STORAGE_ERRNOS, StorageError, storage_reason
 from llmtrain.launch.supervision.placement import record_place
-from llmtrain.rundir import rank_files
+from llmtrain.rundir import rank_files, space_reserve
 from llmtrain.rundir.paths import RunPaths
+
+
+class RankLog:
+    """sys.stdout / sys.stderr of a rank, writing to its log: a full disk there is named like any run-dir file's
+    (StorageError: `no space left on device writing RUN_DIR/logs/rank0.log`), not as a bare OSError."""
+
+    def __init__(self, stream, path: str):
+        self._stream = stream
+        self._path = path
+
+    def _named(self, write, *args):
+        try:
+            return write(*args)
+        except OSError as e:
+            if e.errno in STORAGE_ERRNOS and not isinstance(e, StorageError):
+                raise StorageError(self._path, e) from e
+            raise
+
+    def write(self, text: str) -> int:
+        return self._named(self._stream.write, text)
+
+    def flush(self) -> None:
+        self._named(self._stream.flush)
+
+    def __getattr__(self, name: str):  # fileno, isatty, encoding, ... of the real stream
+        return getattr(self._stream, name)
 
 
 def redirect_output(log_path: str) -> None:
@@ -26,14 +54,30 @@ def redirect_output(log_path: str) -> None:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
-    sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
-    sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+    sys.stdout = RankLog(os.fdopen(1, "w", buffering=1, closefd=False), log_path)
+    sys.stderr = RankLog(os.fdopen(2, "w", buffering=1, closefd=False), log_path)
 
 
 def _write_status(run_dir: str, rank: int, status: str, error: str | None = None, **extra) -> None:
-    rank_files.write_status(run_dir, rank, {"status": status, "error": error,
-                                            "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
-                                            "host": socket.gethostname(), **extra})
+    """How the rank ended; on a disk that filled up, in the room its reserve kept (which goes either way)."""
+    record = {"status": status, "error": error, "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
+              "host": socket.gethostname(), **extra}
+    reserve = RunPaths(run_dir).rank_reserve(rank)
+    try:
+        space_reserve.write_with_room(reserve, lambda: rank_files.write_status(run_dir, rank, record))
+    finally:
+        space_reserve.release(reserve)
+
+
+def error_words(e: BaseException) -> str:
+    """What a rank's status records of the error it died of: a full, over-quota or read-only storage as
+    `no space left on device writing FILE`, anything else as `Type: message`."""
+    if isinstance(e, StorageError):
+        return str(e)
+    if isinstance(e, OSError) and e.errno in STORAGE_ERRNOS:
+        reason = STORAGE_ERRNOS[e.errno]
+        return f"{reason} writing {e.filename}" if e.filename else f"{reason} ({e})"
+    return f"{type(e).__name__}: {e}"
 
 
 def init_process_group(device_type: str, timeout_s: int) -> None:
@@ -53,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     paths = RunPaths(run_dir)
     os.makedirs(paths.logs, exist_ok=True)
     redirect_output(paths.rank_log(rank))
+    space_reserve.hold(paths.rank_reserve(rank))  # before anything can fill the disk
     record_place(run_dir, rank)
 
     import torch
@@ -60,9 +105,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from llmtrain.checkpoint.resume import Resolution
     from llmtrain.config import load_run_config
-    from llmtrain.launch.launch_record import newest_launch
+    from llmtrain.launch.launch_record import batch_origin, newest_launch
     from llmtrain.launch.config_probes import validate_here
-    from llmtrain.train import collective_trace, hang_signals
+    from llmtrain.train import collective_trace, collective_wait, hang_signals
     from llmtrain.train.preemption import Preempted, PreemptionFlag
     from llmtrain.train.device import resolve_device
     from llmtrain.train.trainer import Trainer
@@ -71,14 +116,18 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_run_config(paths.config)
         # The launcher validated it on its node; this node may lack what it found there (a package, a file).
         validate_here(cfg)
+        if cfg.launch.straggler_factor:
+            # Under the trace's wrappers, which then still record the caller of each collective as its site.
+            collective_wait.install()
         # Before the process group starts its threads: they inherit the signal setup.
         hang_signals.install(run_dir, rank, collective_trace.install())
         torch.manual_seed(cfg.train.seed)
         device = resolve_device(cfg.device, int(os.environ.get("LOCAL_RANK", 0)))
         init_process_group(device.type, cfg.launch.pg_timeout_s)
         # The checkpoint the launcher announced (PATH may read otherwise in this node's working directory).
-        launched = Resolution.from_record(newest_launch(run_dir).get("resume"), cfg.checkpoint.resume)
-        trainer = Trainer(cfg, run_dir, device, launched)
+        entry = newest_launch(run_dir)
+        launched = Resolution.from_record(entry.get("resume"), cfg.checkpoint.resume)
+        trainer = Trainer(cfg, run_dir, device, launched, batch_origin(entry, cfg.train.global_batch_size))
         trainer.train()
         PreemptionFlag.ignore_from_now()
     except Preempted as e:
@@ -90,11 +139,20 @@ def main(argv: list[str] | None = None) -> int:
             dist.destroy_process_group()
         return 0
     except BaseException as e:  # noqa: BLE001 - every way out is recorded for the launcher
-        traceback.print_exc()
-        hang_signals.write_exit_trace(run_dir, rank, collective_trace.TRACE)
-        _write_status(run_dir, rank, "error", f"{type(e).__name__}: {e}")
-        sys.stdout.flush()
-        sys.stderr.flush()
+        # On a full disk each of these writes may fail too: none may keep the others, or the exit, from happening.
+        full = storage_reason(e) is not None
+        with contextlib.suppress(OSError):
+            _write_status(run_dir, rank, "error", error_words(e))
+        with contextlib.suppress(OSError):
+            if full:  # the storage's own error is its one line: its traceback only says where the write was
+                print(f"llmtrain: rank {rank}: {error_words(e)}")
+            else:
+                traceback.print_exc()
+        with contextlib.suppress(OSError):
+            hang_signals.write_exit_trace(run_dir, rank, collective_trace.TRACE)
+        with contextlib.suppress(OSError):
+            sys.stdout.flush()
+            sys.stderr.flush()
         # os._exit: skip interpreter teardown that can hang on a broken process group.
         os._exit(1)
     # The step reached and the goal: a run stopped by train.stop_at_step ended well, short of train.max_steps.

@@ -2,19 +2,22 @@
 and 2 worker processes: the median of 3 runs each, and the speed-up of 2 workers over 1.
 
 The corpus is generated (seeded, no download) in a temp folder: Zipf-distributed words made of syllables, sentences
-and paragraphs, in --files files of about --file-mb MB. The BPE tokenizer (vocab 8192, byte-level pre-tokenizer,
-<|endoftext|>) is trained with `tokenizers` on the first two files. Each run is `python -m llmtrain data prepare`;
+and paragraphs, in --files files of about --file-mb MB; with --layout jsonl.gz the same paragraphs are one document
+each in a single .jsonl.gz file (which the workers share: one reader cuts it into chunks). The BPE tokenizer (vocab
+8192, byte-level pre-tokenizer, <|endoftext|>) is trained with `tokenizers` on the first two files. Each run is `python -m llmtrain data prepare`;
 its MB/s is the one its summary line reports (the preparation itself, not Python's start-up), and "cores busy" the
 CPU seconds it and its workers used per wall-clock second (start-up included): on a machine shared with other
 jobs, 2 workers can only be faster where they got more than one core.
 
-    python scripts/bench_prepare.py [--files 48] [--file-mb 1] [--runs 3] [--workers 1 2]
+    python scripts/bench_prepare.py [--files 48] [--file-mb 1] [--runs 3] [--workers 1 2] [--layout jsonl.gz]
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import itertools
+import json
 import os
 import random
 import resource
@@ -28,7 +31,7 @@ from pathlib import Path
 
 SYLLABLES = ["ka", "to", "ri", "ne", "sa", "mo", "lu", "pe", "di", "an", "er", "in", "on", "th", "st", "ch", "qu",
              "el", "or", "is", "ve", "ga", "bo", "wi"]
-SPEED = re.compile(r"([\d,.]+) MB in ([\d.]+) s \(([\d,.]+) MB/s, (\d+) workers?\)")
+SPEED = re.compile(r"([\d,.]+) MB of text in ([\d.]+) s \(([\d,.]+) MB/s, (\d+) workers?\)")
 
 
 def make_corpus(folder: Path, files: int, file_mb: float, seed: int = 1234) -> int:
@@ -53,6 +56,18 @@ def make_corpus(folder: Path, files: int, file_mb: float, seed: int = 1234) -> i
         data = ("\n\n".join(paragraphs) + "\n").encode()
         (folder / f"part{i:03d}.txt").write_bytes(data)
         total += len(data)
+    return total
+
+
+def make_jsonl_gz(corpus: Path, path: Path) -> int:
+    """The corpus's paragraphs, one {"text": ...} line each, in one gzip file; returns the bytes of its text."""
+    total = 0
+    with gzip.open(path, "wb", compresslevel=6) as out:
+        for part in sorted(corpus.iterdir()):
+            for paragraph in part.read_text().split("\n\n"):
+                line = (json.dumps({"text": paragraph.strip()}) + "\n").encode()
+                out.write(line)
+                total += len(line)
     return total
 
 
@@ -81,7 +96,8 @@ def children_cpu() -> float:
 
 
 def run_once(corpus: Path, out: Path, workers: int, tokenizer: Path | None) -> tuple[float, float]:
-    """(MB/s from the summary line, cores used: CPU seconds of the command and its workers per wall second)."""
+    """(MB/s from the summary line, cores used: CPU seconds of the command and its workers per wall second);
+    `corpus` is the folder of files, or the one .jsonl.gz."""
     cmd = [sys.executable, "-m", "llmtrain", "data", "prepare", "--input", str(corpus), "--output", str(out),
            "--workers", str(workers)] + (["--tokenizer", str(tokenizer)] if tokenizer else [])
     cpu, started = children_cpu(), time.perf_counter()
@@ -92,6 +108,8 @@ def run_once(corpus: Path, out: Path, workers: int, tokenizer: Path | None) -> t
     match = SPEED.search(result.stdout)
     if not match:
         sys.exit(f"bench_prepare: no MB/s in the summary: {result.stdout!r}")
+    if int(match.group(4)) != workers:
+        sys.exit(f"bench_prepare: asked for {workers} workers, the command ran {match.group(4)}: {result.stdout!r}")
     return float(match.group(3).replace(",", "")), cores
 
 
@@ -101,6 +119,8 @@ def main() -> int:
     parser.add_argument("--file-mb", type=float, default=1.0)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--layout", choices=("files", "jsonl.gz"), default="files",
+                        help="the corpus as --files text files, or as one .jsonl.gz of the same paragraphs")
     parser.add_argument("--dir", default=None, help="folder for the corpus and outputs (default: a temp folder)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(dir=args.dir, prefix="bench-prepare-") as tmp:
@@ -111,7 +131,13 @@ def main() -> int:
         size = make_corpus(corpus, args.files, args.file_mb)
         tokenizer = root / "tokenizer.json"
         train_bpe(corpus, tokenizer)
-        print(f"corpus: {args.files} files, {size / 1e6:.1f} MB; BPE vocab 8192 trained "
+        what = f"{args.files} files"
+        if args.layout == "jsonl.gz":
+            one = root / "corpus.jsonl.gz"
+            size = make_jsonl_gz(corpus, one)
+            what = f"one .jsonl.gz of {one.stat().st_size / 1e6:.1f} MB ({size / 1e6:.1f} MB of text)"
+            corpus = one
+        print(f"corpus: {what}, {size / 1e6:.1f} MB; BPE vocab 8192 trained "
               f"({time.perf_counter() - started:.1f} s for both); cores: {os.cpu_count()}; load before: {load()}")
         rows = []
         for name, tok in (("byte-level", None), ("BPE 8192", tokenizer)):

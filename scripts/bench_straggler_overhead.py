@@ -5,7 +5,8 @@ Each run logs every step (train.log_interval=1), the worst case: one all_gather 
 figure is the median tokens/s of its rows after the first 5 steps; reported are the median over the repeats for
 each setting, their difference, and the noise: the spread (max - min) of the runs of each setting.
 Then the cost itself, which the launches' noise can hide: the median time of one interval's detection (the clock
-read, the all_gather, the decision) over --calls calls in a group of --nproc gloo processes.
+read, the all_gather, the decision) over --calls calls in a group of --nproc gloo processes, and what timing a
+collective's wait adds to each collective call (llmtrain.train.collective_wait): a timed no-op against the bare one.
 
   python scripts/bench_straggler_overhead.py [--repeats 3] [--steps 40] [--nproc 2] [--calls 500] [--workdir DIR]
 """
@@ -54,7 +55,7 @@ def _time_interval_done(rank: int, world: int, port: int, calls: int, out) -> No
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     compute = ComputeClock(torch.device("cpu"))
     watch = StragglerWatch(OmegaConf.create({"straggler_factor": 1.2, "straggler_intervals": 3}), compute,
-                           lambda *a, **k: None)
+                           lambda *a, **k: None, torch.device("cpu"))
     seconds = []
     for _ in range(calls):
         compute.start()
@@ -66,6 +67,27 @@ def _time_interval_done(rank: int, world: int, port: int, calls: int, out) -> No
     if rank == 0:
         out.put(statistics.median(seconds))
     dist.destroy_process_group()
+
+
+def wait_timing_cost(calls: int) -> float:
+    """Seconds that timing a collective's wait adds to one call: a timed no-op's median less the bare one's."""
+    import time as clock
+
+    sys.path.insert(0, str(REPO))
+    from llmtrain.train.collective_wait import timed
+
+    def noop():
+        return None
+
+    def median_call(fn) -> float:
+        seconds = []
+        for _ in range(calls):
+            began = clock.perf_counter()
+            fn()
+            seconds.append(clock.perf_counter() - began)
+        return statistics.median(seconds)
+
+    return median_call(timed(noop)) - median_call(noop)
 
 
 def interval_cost(nproc: int, calls: int) -> float:
@@ -116,6 +138,8 @@ def main() -> None:
         step_s = TOKENS_PER_STEP / off
         line += f", {cost / step_s:.2%} of a {step_s * 1e3:.0f} ms step of the runs above"
     print(line)
+    wait = wait_timing_cost(a.calls * 20)
+    print(f"timing a collective's wait: {wait * 1e6:.2f} us per collective call (median of {a.calls * 20} calls)")
 
 
 if __name__ == "__main__":

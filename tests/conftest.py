@@ -30,6 +30,11 @@ def pytest_collection_modifyitems(config, items):
     parallel_workers.order_groups(config, items)
 
 
+@pytest.hookimpl(tryfirst=True)  # before the fixtures are set up
+def pytest_runtest_setup(item):
+    parallel_workers.refuse_misplaced(item)
+
+
 @pytest.hookimpl(optionalhook=True)  # called by pytest-xdist's controller; before its own (trylast) scheduler
 def pytest_xdist_make_scheduler(config, log):
     return parallel_workers.make_scheduler(config, log)

@@ -12,6 +12,7 @@ from typing import Callable, Iterable, Sequence
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from llmtrain.config import batch
 from llmtrain.config.derived import world_size
 from llmtrain.config.errors import ConfigError
 from llmtrain.config.key_origin import unknown_key_error
@@ -32,8 +33,10 @@ def builtin_config_dir() -> Path:
 
 
 def compose_config(overrides: Sequence[str] = (), config_dirs: Iterable[str] = (),
-                   slots_per_node: Callable[[DictConfig], int] | None = None) -> DictConfig:
-    """Return the resolved config for `overrides` (Hydra grammar). Raises ConfigError on any bad input."""
+                   slots_per_node: Callable[[DictConfig], int] | None = None,
+                   origins: dict[str, str] | None = None) -> DictConfig:
+    """Return the resolved config for `overrides` (Hydra grammar). Raises ConfigError on any bad input. `origins`,
+    when given, is filled with where the keys that null fills came from (config/batch.py's origins)."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
@@ -69,6 +72,8 @@ def compose_config(overrides: Sequence[str] = (), config_dirs: Iterable[str] = (
         GlobalHydra.instance().clear()
     choices = OmegaConf.to_container(raw.hydra.runtime.choices)  # the option each group was given
     raw = OmegaConf.masked_copy(raw, [k for k in raw if k != "hydra"])
+    if origins is not None:
+        origins.update(batch.origins(raw, overrides))
     try:
         return to_typed(raw, slots_per_node)
     except ConfigError as e:
@@ -168,11 +173,7 @@ def _fill_defaults(cfg: DictConfig, slots_per_node) -> None:
     p = cfg.parallel
     if p.dp is None and p.tp > 0 and p.pp > 0 and world % (p.tp * p.pp) == 0:
         p.dp = world // (p.tp * p.pp)
-    t = cfg.train
-    if t.global_batch_size is None and p.dp is not None:
-        # With a pipeline, 2 micro-batches per stage keep the 1F1B bubble at (pp-1)/(m+pp-1) <= 1/3.
-        accum = 2 * p.pp * p.virtual_stages if p.pp > 1 else 1
-        t.global_batch_size = t.micro_batch_size * p.dp * accum
+    batch.fill(cfg, fill_micro=False)  # the global batch never follows the layout; the micro-batch may
 
 
 def _nproc_from_hostfile(cluster: DictConfig, slots_per_node) -> int:
@@ -279,6 +280,9 @@ def _hydra_error(e: Exception, overrides: Sequence[str]) -> ConfigError:
         return ConfigError(group, f"no config option '{option}' in group '{group}'{avail}")
     if isinstance(e, OverrideParseException):
         return quoting_error(e.override, _first_line(text))
+    peak = _first_line(text).split("'")
+    if peak[0] == "Could not override " and peak[1].startswith("hardware.peak_tflops."):  # a CPU's table is empty
+        return ConfigError(peak[1], f"not in this profile's peak table: add it with +{peak[1]}=<TFLOPS> (with '+')")
     cause = e.__cause__ or e.__context__
     if isinstance(cause, OmegaConfBaseException):
         return _omegaconf_error(cause)

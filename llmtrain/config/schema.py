@@ -102,14 +102,23 @@ class ParallelConfig:
     dp_shard: Optional[int] = None
 
 
+# train.global_batch_size=null: the same samples per step for any layout (16 sequences: gpt-tiny's demo on a CPU).
+DEFAULT_GLOBAL_BATCH_SIZE = 16
+# train.micro_batch_size=null: at most this many samples per micro-batch.
+MAX_AUTO_MICRO_BATCH_SIZE = 8
+
+
 @dataclass
 class TrainConfig:
     max_steps: int = 300
     # Stop this launch (with a checkpoint) once this step is reached; the schedule still runs to max_steps and
     # the next launch resumes. For time-sliced allocations; null = run to max_steps.
     stop_at_step: Optional[int] = None
-    micro_batch_size: int = 8
-    # Samples per optimizer step; null = micro_batch_size x dp x (1, or 2 x pp x virtual_stages with a pipeline).
+    # Samples per micro-batch on each dp rank; null = the largest of at most 8 that divides a dp rank's share of
+    # the global batch (with a pipeline: leaving 2 x pp x virtual_stages micro-batches). See config/batch.py.
+    micro_batch_size: Optional[int] = None
+    # Samples per optimizer step, whatever the layout; null = DEFAULT_GLOBAL_BATCH_SIZE on a fresh run, the
+    # checkpoint's value on a resume. Each dp rank accumulates global / (micro_batch_size x dp) micro-batches.
     global_batch_size: Optional[int] = None
     lr: float = 1.0e-3
     min_lr: float = 1.0e-4
@@ -205,8 +214,8 @@ class ProfileConfig:
 class HardwareConfig:
     # auto | cpu | a GPU profile (configs/hardware/); used by `llmtrain plan`, for MFU and precision checks.
     name: str = "auto"
-    # Dense peak TFLOPS per device by dtype (float32 tfloat32 bfloat16 float16 float8); empty = measure (CPU) or
-    # look up by name. A GPU profile lists every dtype its matrix units run: no bfloat16 peak = no bf16.
+    # Dense peak TFLOPS per device by dtype (float32 tfloat32 bfloat16 float16 float8); empty = the GPU profile's,
+    # none for a CPU (no MFU shown). A GPU profile lists every dtype its matrix units run: no bfloat16 peak = no bf16.
     peak_tflops: Dict[str, float] = field(default_factory=dict)
     # CUDA compute capability "major.minor" (e.g. "9.0"); null for AMD (gfx names are no capability) and CPU.
     compute_capability: Optional[str] = None

@@ -7,6 +7,7 @@ from typing import Callable, Mapping
 
 from omegaconf import DictConfig
 
+from llmtrain.config.batch import division_problem
 from llmtrain.config.derived import Derived, ffn_dim, head_dim, kv_heads, padded_vocab_size, world_size
 from llmtrain.config.errors import ConfigError
 from llmtrain.config.schema import SINGLE_STAGE_SCHEDULES, V_SHAPED_SCHEDULES, LLMTrainConfig, ModelConfig
@@ -223,10 +224,8 @@ def _validate_train(cfg: DictConfig) -> None:
     _require(t.min_lr <= t.lr, "train.min_lr", f"min_lr={t.min_lr} must not exceed train.lr={t.lr}")
     for key in ("beta1", "beta2"):
         _require(0.0 <= t[key] < 1.0, f"train.{key}", f"must be in [0, 1) (got {t[key]})")
-    per_step = t.micro_batch_size * p.dp
-    _require(t.global_batch_size % per_step == 0, "train.global_batch_size",
-             f"global_batch_size={t.global_batch_size} must equal micro_batch_size x accumulation x dp; "
-             f"it is not a multiple of micro_batch_size x dp = {t.micro_batch_size} x {p.dp} = {per_step}")
+    problem = division_problem(t.global_batch_size, t.micro_batch_size, p.dp)
+    _require(problem is None, "train.global_batch_size", problem)
     if p.pp > 1:
         micro = Derived.of(cfg).micro_batches
         _require(micro >= p.pp, "train.global_batch_size",
@@ -243,7 +242,7 @@ def _validate_data(cfg: DictConfig) -> None:
     _require(0.0 < d.val_fraction < 1.0, "data.val_fraction", f"must be in (0, 1) (got {d.val_fraction})")
     if d.name == "memmap":
         _require(bool(d.path) and d.path != "???", "data.path",
-                 "memmap data needs data.path (a token file from `llmtrain data prepare`)")
+                 "memmap data needs data.path (a token file or shard folder from `llmtrain data prepare`)")
     if d.name == "stdlib":
         _require(bool(d.path), "data.path", "the stdlib corpus needs a data.path to build into")
         _require(m.vocab_size >= 256, "model.vocab_size",

@@ -34,11 +34,12 @@ def signals_held() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def atomic_write(path: str) -> Iterator[BinaryIO]:
-    """Yield a temp file beside `path`; on success fsync it and rename it over `path`, else delete it."""
+def atomic_write(path: str, prefix: str | None = None) -> Iterator[BinaryIO]:
+    """Yield a temp file beside `path` (its name starting with `prefix`, default `.NAME.`); on success fsync it and
+    rename it over `path`, else delete it."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=prefix or f".{os.path.basename(path)}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             yield f

@@ -69,17 +69,27 @@ class _ZstdFrames(io.RawIOBase):
         return n
 
 
+def text_bytes_read(src: BinaryIO) -> int:
+    """The bytes of text `src` (from open_decompressed) has given: decompressed, read-ahead included (all of them,
+    once it is read to its end)."""
+    raw = getattr(src, "raw", None)
+    return raw.given if isinstance(raw, _Checked) else src.tell()
+
+
 class _Checked(io.RawIOBase):
     """A decompressing stream whose errors name the file (and only its own: a failing write is not one of them)."""
 
     def __init__(self, inner, name: str, compression: str):
         self.inner, self.name, self.compression = inner, name, compression
+        self.given = 0  # decompressed bytes returned
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer) -> int:
         try:
-            return self.inner.readinto(buffer)
+            n = self.inner.readinto(buffer)
+            self.given += n or 0
+            return n
         except _STREAM_ERRORS as e:
             raise DataError("--input", f"cannot read {self.name}: not a valid {self.compression} stream: {e}") from None

@@ -119,8 +119,9 @@ def prepare_corpus(
     skipped; when `skipped` is a list, (name, "binary" | "compressed") pairs are appended to it,
     and when `notes` is a list, lines for the user (files read once, lines skipped) are.
 
-    `workers` processes tokenize the files (the output is the same for any number); with
-    `shard_tokens`, `output` is a folder of shards and the returned dict is its index.json.
+    `workers` processes tokenize the files, a large jsonl file in chunks (the output is the same for
+    any number); with `shard_tokens`, `output` is a folder of shards and the returned dict is its
+    index.json. Leftovers of an interrupted prepare to `output` are removed first (said in `notes`).
     """
     if isinstance(inputs, (str, os.PathLike)):
         inputs = [inputs]

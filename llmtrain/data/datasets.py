@@ -6,6 +6,8 @@ arguments, so any rank can fetch any sample without coordination.
 
 from __future__ import annotations
 
+import bisect
+import os
 import sys
 
 import torch
@@ -13,11 +15,11 @@ import torch
 from .corpus import ensure_stdlib_corpus
 from .errors import DataError
 from .seeding import stable_digest
+from .token_source import index_path, inspect_token_source
 from .tokenfile import (
     check_split_sizes,
     check_val_size,
     check_vocab,
-    inspect_token_file,
     meta_path,
     num_windows,
     split_sizes,
@@ -95,7 +97,9 @@ class SyntheticDataset(TokenDataset):
 
 
 class MemmapDataset(TokenDataset):
-    """A nanoGPT-style token file, memory-mapped (pages load on demand, so any size works).
+    """A nanoGPT-style token file, memory-mapped (pages load on demand, so any size works), or a folder of shards
+    written by `llmtrain data prepare --shard-tokens`, read as their concatenation in index.json's order (windows
+    may span two shards), so it gives the samples of the same tokens prepared as one file.
 
     The first (1 - val_fraction) of the tokens are the train region, the rest the val region.
     Samples are windows of seq_len+1 tokens at stride seq_len inside a region (consecutive
@@ -123,7 +127,7 @@ class MemmapDataset(TokenDataset):
             raise DataError("data.dtype", f"must be one of {', '.join(TOKEN_DTYPES)}, got {dtype!r}")
         if sys.byteorder != "little":
             raise DataError("data.path", "token files are little-endian; this host is big-endian")
-        info = inspect_token_file(path, dtype)
+        info = inspect_token_source(path, dtype)
         # Without require_val the val region may hold no sample: reading one then raises (see num_samples).
         check_split_sizes(info.path, info.num_tokens, seq_len, val_fraction, need_val=require_val)
         train_tokens, val_tokens = split_sizes(info.num_tokens, val_fraction)
@@ -138,8 +142,13 @@ class MemmapDataset(TokenDataset):
         self._region_start = {"train": 0, "val": train_tokens}
         # Window k covers [k*seq_len, k*seq_len + seq_len + 1) inside its region.
         self._num_windows = {"train": num_windows(train_tokens, seq_len), "val": num_windows(val_tokens, seq_len)}
-        # shared=False maps the file copy-on-write: lazy, read-only in effect, never written back.
-        self._tokens = torch.from_file(self.path, shared=False, size=info.num_tokens, dtype=TOKEN_DTYPES[dtype])
+        # shared=False maps each file copy-on-write: lazy, read-only in effect, never written back.
+        self._files = [torch.from_file(file, shared=False, size=count, dtype=TOKEN_DTYPES[dtype])
+                       for file, count in info.files if count]
+        self._starts, start = [], 0
+        for count in (count for _, count in info.files if count):
+            self._starts.append(start)
+            start += count
 
     def num_samples(self, split: str) -> int:
         _check_split(split)
@@ -150,7 +159,7 @@ class MemmapDataset(TokenDataset):
     def sample(self, split: str, index: int) -> torch.Tensor:
         self._check_index(split, index)
         start = self._region_start[split] + index * self.seq_len
-        tokens = self._tokens[start : start + self.seq_len + 1].to(torch.long)
+        tokens = self._read(start, self.seq_len + 1)
         limit = self.vocab_size if self.vocab_size is not None else self.token_limit
         if limit is not None:
             biggest = int(tokens.max())
@@ -158,13 +167,25 @@ class MemmapDataset(TokenDataset):
                 raise self._id_error(biggest, start, limit)
         return tokens
 
+    def _read(self, start: int, count: int) -> torch.Tensor:
+        """Tokens [start, start + count) of the files' concatenation, as int64."""
+        i = bisect.bisect_right(self._starts, start) - 1
+        pieces = []
+        while count > 0:
+            local = start - self._starts[i]
+            piece = self._files[i][local : local + count]
+            pieces.append(piece.to(torch.long))
+            start, count, i = start + len(piece), count - len(piece), i + 1
+        return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+
     def _id_error(self, token_id: int, start: int, limit: int) -> DataError:
         read_as = f"read as {self.dtype}"
         if self.vocab_size is not None:
+            meta = index_path(self.path) if os.path.isdir(self.path) else meta_path(self.path)
             return DataError(
                 "data.path",
                 f"{self.path} holds token id {token_id} (near token {start}, {read_as}) but its meta "
-                f"{meta_path(self.path)} says vocab_size {self.vocab_size}: the meta's dtype or vocab_size is "
+                f"{meta} says vocab_size {self.vocab_size}: the meta's dtype or vocab_size is "
                 "wrong for this file; prepare it again",
             )
         return DataError(
@@ -194,7 +215,7 @@ def build_dataset(data_cfg, model_cfg, seed: int) -> TokenDataset:
     if name == "synthetic":
         return SyntheticDataset(seq_len, model_vocab, seed)
     path = ensure_stdlib_corpus(data_cfg.path, data_cfg.max_bytes) if name == "stdlib" else data_cfg.path
-    info = inspect_token_file(str(path), data_cfg.dtype)
+    info = inspect_token_source(str(path), data_cfg.dtype)
     check_vocab(info, model_vocab)
     return MemmapDataset(
         info.path,

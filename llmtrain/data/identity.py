@@ -4,7 +4,8 @@ on other samples.
 
 A token file (data=memmap, and data=stdlib's built corpus) is identified by its size, a hash of its FILE.json and
 a hash of a few fixed blocks spread over it (the first and the last included): cheap for a terabyte file (16 reads
-of 64 KiB), and a replaced file almost always differs in one of them. data=synthetic is a function of the config
+of 64 KiB), and a replaced file almost always differs in one of them; a data=memmap folder of shards as a data=mix
+source's. data=synthetic is a function of the config
 (train.seed, model.seq_len, model.vocab_size, which the resume diff compares): only its name is recorded.
 data=mix records each source by name (a folder of shards: its index.json and blocks sampled over its shards): a
 source whose content changed is other data; a changed weight, an added or a dropped source is another mixture.
@@ -58,7 +59,8 @@ def file_identity(path: str, blocks: int = BLOCKS, block_bytes: int = BLOCK_BYTE
             "blocks": blocks, "block_bytes": block_bytes}
 
 
-def shards_identity(folder: str, blocks: int = BLOCKS, block_bytes: int = BLOCK_BYTES) -> dict:
+def shards_identity(folder: str, blocks: int = BLOCKS, block_bytes: int = BLOCK_BYTES, key: str = "data.sources"
+                    ) -> dict:
     """A folder of shards: a hash of its index.json (the shards' names and sizes) and `blocks` blocks spread over
     the shards' concatenation, as file_identity samples one file."""
     folder = os.path.abspath(os.path.expanduser(os.fspath(folder)))
@@ -72,7 +74,7 @@ def shards_identity(folder: str, blocks: int = BLOCKS, block_bytes: int = BLOCK_
         for offset in block_offsets(size, blocks, block_bytes):
             sampled.update(_read_across(shards, offset, block_bytes))
     except (OSError, ValueError) as e:
-        raise DataError("data.sources", f"cannot read {getattr(e, 'filename', None) or folder} to identify the "
+        raise DataError(key, f"cannot read {getattr(e, 'filename', None) or folder} to identify the "
                                         f"data: {getattr(e, 'strerror', None) or e}") from None
     return {"path": folder, "bytes": size, "meta_blake2b": _digest(index_bytes), "blocks_blake2b": sampled.hexdigest(),
             "blocks": blocks, "block_bytes": block_bytes, "shards": len(shards)}
@@ -94,10 +96,10 @@ def _sampling(like: dict | None) -> dict:
     return {k: like[k] for k in ("blocks", "block_bytes") if like and k in like}
 
 
-def source_identity(path: str, like: dict | None = None) -> dict:
+def source_identity(path: str, like: dict | None = None, key: str = "data.sources") -> dict:
     """A token file's identity, or a shard folder's."""
     if os.path.isdir(os.path.expanduser(os.fspath(path))):
-        return shards_identity(path, **_sampling(like))
+        return shards_identity(path, **_sampling(like), key=key)
     return file_identity(path, **_sampling(like))
 
 
@@ -111,7 +113,7 @@ def data_identity(data_cfg, like: dict | None = None) -> dict:
         names = source_names(data_cfg.sources)
         return {"name": "mix", "sources": {name: source_identity(source.path, recorded.get(name))
                                            for name, source in zip(names, data_cfg.sources)}}
-    return {"name": data_cfg.name, **file_identity(data_cfg.path, **_sampling(like))}
+    return {"name": data_cfg.name, **source_identity(data_cfg.path, like, key="data.path")}
 
 
 def _what(identity: dict) -> str:

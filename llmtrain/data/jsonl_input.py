@@ -11,10 +11,12 @@ from .text_input import NotText, decode_line, is_compressed
 TEXT_KEY_FLAG = "--text-key"
 
 
-def jsonl_documents(src: BinaryIO, name: str, key: str, bad: BadLines, encoding: str = "utf-8") -> Iterator[str]:
-    """The `key` string of each line's JSON object (blank lines skipped). Raises NotText for a file that is not
-    text; a malformed line (not JSON, not an object, no `key`, a value that is not a string) goes to `bad`."""
-    for lineno, raw in enumerate(src, 1):
+def jsonl_documents(src: BinaryIO, name: str, key: str, bad: BadLines, encoding: str = "utf-8",
+                    first_line: int = 1) -> Iterator[str]:
+    """The `key` string of each line's JSON object (blank lines skipped); `src`'s first line is the file's line
+    `first_line`. Raises NotText for a file that is not text; a malformed line (not JSON, not an object, no `key`,
+    a value that is not a string) goes to `bad`."""
+    for lineno, raw in enumerate(src, first_line):
         if lineno == 1 and is_compressed(raw):
             raise NotText("compressed")
         line = decode_line(raw, encoding)

@@ -97,8 +97,8 @@ def add_prepare_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="processes that tokenize files at once (default: this machine's cores); the output is the same for "
-        "any N",
+        help="processes that tokenize files at once, or chunks of one large jsonl file (default: this machine's "
+        "cores); the output is the same for any N",
     )
     parser.add_argument(
         "--shard-tokens",
@@ -147,7 +147,8 @@ def run_prepare(args: argparse.Namespace) -> int:
     )
     before = _identity(args.output)
     try:
-        result = prepare_tokens(args.input, args.output, options, progress=sys.stderr.isatty())
+        result = prepare_tokens(args.input, args.output, options, progress=sys.stderr.isatty(),
+                                notify=lambda line: print(line, flush=True))
     except KeyboardInterrupt:
         say(f"interrupted: {_interrupted(args.output, before)}", err=True)
         return EXIT_INTERRUPTED
@@ -165,7 +166,8 @@ def run_prepare(args: argparse.Namespace) -> int:
 
 def summary_line(result: PrepareResult, output: str) -> str:
     """'wrote 1,234 tokens (uint16, vocab 256, byte-level) from 2 file(s) to OUT: 3 documents (mean 411 tokens),
-    0.0 MB in 0.1 s (0.1 MB/s, 2 workers)'; the documents part only when the readers counted them."""
+    0.0 MB of text in 0.1 s (0.1 MB/s, 2 workers)'; the documents part only when the readers counted them. The
+    megabytes are of text as the tokenizer was given it: decompressed, a table's documents only."""
     meta = result.meta
     tokenizer = "byte-level" if meta["tokenizer"] == "byte" else meta["tokenizer"]
     where = f"{len(meta['shards'])} shard(s) in {output}" if "shards" in meta else output
@@ -173,10 +175,10 @@ def summary_line(result: PrepareResult, output: str) -> str:
             f"from {meta['sources']} file(s) to {where}:")
     if result.documents:
         line += f" {result.documents:,} documents (mean {meta['num_tokens'] / result.documents:,.0f} tokens),"
-    megabytes = result.bytes_read / 1e6
+    megabytes = result.text_bytes / 1e6  # of text, decompressed: what the tokenizer was given
     speed = megabytes / result.seconds if result.seconds > 0 else 0.0
     workers = f"{result.workers} worker" + ("s" if result.workers != 1 else "")
-    return f"{line} {megabytes:,.1f} MB in {result.seconds:.1f} s ({speed:,.1f} MB/s, {workers})"
+    return f"{line} {megabytes:,.1f} MB of text in {result.seconds:.1f} s ({speed:,.1f} MB/s, {workers})"
 
 
 def _identity(path: str) -> tuple | None:

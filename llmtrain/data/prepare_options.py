@@ -36,12 +36,33 @@ class PrepareOptions:
 
 
 @dataclass(frozen=True)
+class Chunk:
+    """Whole lines of a file's text, cut by the reader that splits it among the workers (input_chunks.py)."""
+
+    data: bytes
+    first_line: int  # the number of its first line in the file (for FILE:LINE in messages)
+    index: int  # 0, 1, ... in the file
+    last: bool  # the file's last chunk
+    input_bytes: int  # bytes of the file as stored (compressed) read for it: the progress bar's measure
+    error: tuple[str, str] | None = None  # (key, message): reading the file failed here; raised in its turn
+
+
+@dataclass(frozen=True)
 class InputUnit:
-    """One piece of input read as a whole by one worker."""
+    """One piece of input read as a whole by one worker: a file, or a chunk of one."""
 
     path: str  # what is opened
     name: str  # how messages name it (the path as the user gave it)
     format: str = "text"  # how it is read: formats.input_format's answer
+    chunk: Chunk | None = None  # the part of the file to read; None: all of it
+
+    @property
+    def first(self) -> bool:
+        return self.chunk is None or self.chunk.index == 0
+
+    @property
+    def last(self) -> bool:
+        return self.chunk is None or self.chunk.last
 
 
 @dataclass
@@ -50,3 +71,12 @@ class InputStats:
     documents: int = 0
     bad_lines: int = 0
     bad_examples: list[str] = field(default_factory=list)  # "FILE:LINE: the parser's message", the first few
+    text_bytes: int = 0  # of text read (decompressed; a table's documents as UTF-8)
+
+    def add(self, other: "InputStats", examples: int) -> None:
+        """Count `other` (a later piece of input) in, keeping the first `examples` bad-line examples."""
+        self.tokens += other.tokens
+        self.documents += other.documents
+        self.bad_lines += other.bad_lines
+        self.text_bytes += other.text_bytes
+        self.bad_examples.extend(other.bad_examples[:max(0, examples - len(self.bad_examples))])

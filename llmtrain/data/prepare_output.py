@@ -16,6 +16,7 @@ import tempfile
 from .atomic_files import atomic_write, fsync_dir, signals_held
 from .errors import DataError
 from .file_copy import copy_range
+from .prepare_leftovers import temp_prefix
 from .tokenfile import TOKEN_FORMAT, TOKEN_ITEMSIZE, meta_path
 
 SHARDS_FORMAT = "llmtrain-shards-v1"
@@ -26,8 +27,9 @@ def shard_name(index: int) -> str:
     return f"shard-{index:05d}.bin"
 
 
-def write_meta(path: str, meta: dict) -> None:
-    with atomic_write(meta_path(path)) as out:
+def write_meta(path: str, meta: dict, owned: bool = False) -> None:
+    """Write `path`'s meta atomically; `owned`: its temp file is named after this process (prepare_leftovers)."""
+    with atomic_write(meta_path(path), temp_prefix(meta_path(path)) if owned else None) as out:
         out.write(_json_bytes(meta))
 
 
@@ -62,7 +64,7 @@ class SingleFileWriter:
         self._stack = contextlib.ExitStack()
 
     def __enter__(self) -> "SingleFileWriter":
-        self._out = self._stack.enter_context(atomic_write(self.output))
+        self._out = self._stack.enter_context(atomic_write(self.output, temp_prefix(self.output)))
         return self
 
     def append(self, part: str, nbytes: int) -> None:
@@ -70,11 +72,22 @@ class SingleFileWriter:
         with open(part, "rb") as src:
             copy_range(src.fileno(), self._out.fileno(), 0, nbytes)
 
+    def mark(self) -> int:
+        """Where the tokens appended next start, for `rollback`."""
+        self._out.flush()
+        return os.lseek(self._out.fileno(), 0, os.SEEK_CUR)
+
+    def rollback(self, mark: int) -> None:
+        """Take back what was appended since `mark` (a file whose later chunk turned out not to be text)."""
+        self._out.flush()
+        os.ftruncate(self._out.fileno(), mark)
+        os.lseek(self._out.fileno(), mark, os.SEEK_SET)
+
     def commit(self, meta: dict) -> None:
         # From here a Ctrl-C waits: the data file and its meta replace the old pair together, or neither does.
         with signals_held():
             self._stack.close()  # fsync and rename the data file
-            write_meta(self.output, meta)
+            write_meta(self.output, meta, owned=True)
 
     def __exit__(self, *exc) -> None:
         self._stack.__exit__(*exc)  # not committed: the temp file is deleted
@@ -94,9 +107,9 @@ class ShardWriter:
         self._tmp: str | None = None
 
     def __enter__(self) -> "ShardWriter":
-        parent, base = os.path.split(self.output)
+        parent = os.path.dirname(self.output)
         os.makedirs(parent, exist_ok=True)
-        self._tmp = tempfile.mkdtemp(dir=parent, prefix=f".{base}.", suffix=".tmp")
+        self._tmp = tempfile.mkdtemp(dir=parent, prefix=temp_prefix(self.output), suffix=".tmp")
         return self
 
     def append(self, part: str, nbytes: int) -> None:
@@ -112,6 +125,30 @@ class ShardWriter:
                 self._filled += step
                 if self._filled == self.shard_bytes:
                     self._close_shard()
+
+    def mark(self) -> tuple[int, int]:
+        """Where the tokens appended next start (shard, bytes in it), for `rollback`."""
+        return len(self.shards), self._filled
+
+    def rollback(self, mark: tuple[int, int]) -> None:
+        """Take back what was appended since `mark`: later shards deleted, the marked one cut back."""
+        index, filled = mark
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        for later in range(index + 1, len(self.shards) + 1):
+            _unlink(os.path.join(self._tmp, shard_name(later)))
+            _unlink(meta_path(os.path.join(self._tmp, shard_name(later))))
+        path = os.path.join(self._tmp, shard_name(index))
+        _unlink(meta_path(path))
+        if filled:
+            self._fd = os.open(path, os.O_WRONLY)
+            os.ftruncate(self._fd, filled)
+            os.lseek(self._fd, filled, os.SEEK_SET)
+        else:
+            _unlink(path)
+        del self.shards[index:]
+        self._filled = filled
 
     def _close_shard(self) -> None:
         os.fsync(self._fd)
@@ -139,7 +176,7 @@ class ShardWriter:
         with signals_held():
             old = None
             if os.path.lexists(self.output):
-                old = tempfile.mkdtemp(dir=parent, prefix=f".{base}.old-")
+                old = tempfile.mkdtemp(dir=parent, prefix=temp_prefix(self.output) + "old-")
                 os.rename(self.output, os.path.join(old, base))
             os.rename(self._tmp, self.output)
             self._tmp = None
@@ -154,6 +191,11 @@ class ShardWriter:
             self._fd = None
         if self._tmp is not None:  # not committed
             shutil.rmtree(self._tmp, ignore_errors=True)
+
+
+def _unlink(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
 
 
 def _json_bytes(obj: dict) -> bytes:

@@ -1,6 +1,8 @@
-"""Tokenizing the inputs of `llmtrain data prepare` in worker processes: each input unit goes to a part file of its
-own, and the results come back in input order, with at most two units per worker dispatched or finished ahead of
-the one being appended (the bound on part files on disk). One worker runs in this process."""
+"""Tokenizing the inputs of `llmtrain data prepare` in worker processes: each input unit (a file, or a chunk of one)
+goes to a part file of its own, and the results come back in input order, with at most two units per worker
+dispatched or finished ahead of the one being appended (the bound on part files on disk). The units are taken from
+their iterator only as they are dispatched (a chunk is read then). A file's error stops the run at once; a later
+chunk's comes back in its place in the order, as reading the file in one piece would meet it."""
 
 from __future__ import annotations
 
@@ -11,9 +13,9 @@ import os
 import signal
 import sys
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing.connection import wait
-from typing import Iterator, Sequence
+from typing import Iterable, Iterator
 
 from .encoders import ByteEncoder, TokenizerEncoder, load_tokenizer
 from .errors import DataError
@@ -33,6 +35,7 @@ class UnitResult:
     part: str  # the file holding the unit's tokens (empty when the unit is not text)
     stats: InputStats | None  # None when the unit is not text
     not_text: str | None = None  # "binary" or "compressed"
+    error: Exception | None = None  # what reading or tokenizing it raised: the caller raises it in its turn
 
 
 def make_encoder(options: PrepareOptions):
@@ -65,12 +68,12 @@ def tokenize_unit(unit: InputUnit, part: str, encoder, options: PrepareOptions) 
 
 @contextlib.contextmanager
 def tokenized_units(
-    units: Sequence[InputUnit], options: PrepareOptions, workers: int, parts_dir: str, encoder
+    units: Iterable[InputUnit], options: PrepareOptions, workers: int, parts_dir: str, encoder
 ) -> Iterator[Iterator[UnitResult]]:
     """Yield an iterator of the units' results in input order; part files are written in `parts_dir`.
     Worker processes are started on entry and ended on exit, whatever happened."""
     if workers <= 1:
-        yield (tokenize_unit(unit, _part_path(parts_dir, i), encoder, options) for i, unit in enumerate(units))
+        yield _in_process(units, options, parts_dir, encoder)
         return
     pool = _WorkerPool(workers, options)
     try:
@@ -78,6 +81,15 @@ def tokenized_units(
         pool.stop()
     finally:
         pool.kill()
+
+
+def _in_process(units: Iterable[InputUnit], options: PrepareOptions, parts_dir: str, encoder
+                ) -> Iterator[UnitResult]:
+    for i, unit in enumerate(units):
+        try:
+            yield tokenize_unit(unit, _part_path(parts_dir, i), encoder, options)
+        except DataError as e:
+            yield UnitResult(unit, "", None, error=e)
 
 
 def _part_path(parts_dir: str, index: int) -> str:
@@ -108,22 +120,32 @@ class _WorkerPool:
             child_end.close()
             self.workers.append((process, parent_end))
 
-    def results(self, units: Sequence[InputUnit], parts_dir: str) -> Iterator[UnitResult]:
+    def results(self, units: Iterable[InputUnit], parts_dir: str) -> Iterator[UnitResult]:
         ahead = UNITS_AHEAD_PER_WORKER * len(self.workers)
         idle = list(self.workers)
         busy: dict[object, tuple[multiprocessing.Process, object, int]] = {}  # conn or sentinel -> work
         done: dict[int, UnitResult] = {}
+        sent: dict[int, InputUnit] = {}
+        pending, more = iter(units), True
         next_send = next_yield = 0
-        while next_yield < len(units):
-            while idle and next_send < len(units) and next_send - next_yield < ahead:
+        while more or next_yield < next_send:
+            while idle and more and next_send - next_yield < ahead:
+                unit = next(pending, None)
+                if unit is None:
+                    more = False
+                    break
                 process, conn = idle.pop()
                 try:
-                    conn.send((units[next_send], _part_path(parts_dir, next_send)))
+                    conn.send((unit, _part_path(parts_dir, next_send)))
                 except OSError:  # the worker died while idle
-                    raise _died(process, units[next_send]) from None
+                    raise _died(process, unit) from None
                 busy[conn] = busy[process.sentinel] = (process, conn, next_send)
+                sent[next_send] = _without_text(unit)
                 next_send += 1
+            if next_yield == next_send:
+                continue  # all yielded, and nothing more to send
             if next_yield in done:
+                sent.pop(next_yield, None)
                 yield done.pop(next_yield)
                 next_yield += 1
                 continue
@@ -137,8 +159,12 @@ class _WorkerPool:
                 except EOFError:
                     message = None
                 if message is None:
-                    raise _died(process, units[index])
-                done[index] = _outcome(message)
+                    raise _died(process, sent[index])
+                done[index] = _outcome(message, sent[index])
+                # A file's error stops the run at once; a later chunk's waits for its turn (its file may yet be
+                # skipped as not text, which drops it).
+                if done[index].error is not None and sent[index].first:
+                    raise done[index].error
                 del busy[conn], busy[process.sentinel]
                 idle.append((process, conn))
 
@@ -161,19 +187,26 @@ class _WorkerPool:
             conn.close()
 
 
+def _without_text(unit: InputUnit) -> InputUnit:
+    """What is kept of a dispatched unit until its result is appended: a chunk's text is the worker's alone."""
+    return unit if unit.chunk is None else replace(unit, chunk=replace(unit.chunk, data=b""))
+
+
 def _died(process: multiprocessing.Process, unit: InputUnit) -> DataError:
     process.join(timeout=1)
+    where = unit.name + (f" (lines from {unit.chunk.first_line})" if unit.chunk is not None else "")
     return DataError("--workers", f"a worker process died (exit code {process.exitcode}) while tokenizing "
-                                  f"{unit.name}; out of memory? try fewer --workers")
+                                  f"{where}; out of memory? try fewer --workers")
 
 
-def _outcome(message: tuple) -> UnitResult:
+def _outcome(message: tuple, unit: InputUnit) -> UnitResult:
     kind, value = message
     if kind == "ok":
+        value.unit = unit  # the worker sends it back without its unit (a chunk's text)
         return value
     if kind == "data_error":
-        raise DataError(*value)
-    raise RuntimeError(f"a data prepare worker failed:\n{value}")
+        return UnitResult(unit, "", None, error=DataError(*value))
+    return UnitResult(unit, "", None, error=RuntimeError(f"a data prepare worker failed:\n{value}"))
 
 
 def _worker_main(conn, options: PrepareOptions, parent_pid: int, inherited: list) -> None:
@@ -206,7 +239,9 @@ def _worker_main(conn, options: PrepareOptions, parent_pid: int, inherited: list
             continue
         unit, part = task
         try:
-            message = ("ok", tokenize_unit(unit, part, encoder, options))
+            result = tokenize_unit(unit, part, encoder, options)
+            result.unit = None
+            message = ("ok", result)
         except DataError as e:
             message = ("data_error", (e.key, e.message))
         except OSError as e:

@@ -37,9 +37,9 @@ class PrepareProgress:
                                         tokens="0")
         return self
 
-    def advance(self, nbytes: int, tokens: int) -> None:
-        """One more input done: `nbytes` read, `tokens` written."""
-        self._done_files += 1
+    def advance(self, nbytes: int, tokens: int, files: int = 1) -> None:
+        """`nbytes` more of the input read, `tokens` written and `files` done (0 for a chunk before a file's last)."""
+        self._done_files += files
         self._tokens += tokens
         if self._bar is not None:
             self._bar.update(self._task, advance=nbytes, files=self._files_text(), tokens=f"{self._tokens:,}")

@@ -4,11 +4,12 @@ is one document; a jsonl line (plain, gzip or zstd), a parquet row or a row of a
 
 from __future__ import annotations
 
+import io
 from typing import BinaryIO, Iterable, Iterator
 
 from .bad_lines import BadLines
 from .errors import DataError
-from .compressed_input import open_decompressed
+from .compressed_input import open_decompressed, text_bytes_read
 from .formats import COMPRESSION, TABLE_FORMATS, TEXT_FORMATS
 from .jsonl_input import jsonl_documents
 from .prepare_options import InputStats, InputUnit, PrepareOptions
@@ -27,15 +28,24 @@ def tokenize_input(unit: InputUnit, encoder, out: BinaryIO, options: PrepareOpti
     try:
         if unit.format in TABLE_FORMATS:
             docs = table_documents(unit.path, unit.name, unit.format, options.text_key, bad)
-            stats.tokens = encoder.write_documents(_counted(docs, stats), out)
+            stats.tokens = encoder.write_documents(_counted(docs, stats, text_bytes=True), out)
             return stats
-        with _open(unit) as raw, open_decompressed(raw, COMPRESSION[unit.format], unit.name) as src:
+        if unit.chunk is not None:  # lines the reader cut from a jsonl file (input_chunks.py)
+            if unit.chunk.error is not None:
+                raise DataError(*unit.chunk.error)
+            docs = jsonl_documents(io.BytesIO(unit.chunk.data), unit.name, options.text_key, bad, options.encoding,
+                                   first_line=unit.chunk.first_line)
+            stats.tokens = encoder.write_documents(_counted(docs, stats), out)
+            stats.text_bytes = len(unit.chunk.data)
+            return stats
+        with open_input(unit) as raw, open_decompressed(raw, COMPRESSION[unit.format], unit.name) as src:
             if unit.format in TEXT_FORMATS:
                 stats.tokens = encoder.write_file(text_chunks(src, options.encoding), out)
                 stats.documents = 1
             else:
                 docs = jsonl_documents(src, unit.name, options.text_key, bad, options.encoding)
                 stats.tokens = encoder.write_documents(_counted(docs, stats), out)
+            stats.text_bytes = text_bytes_read(src)
     except NotText:
         out.seek(start)
         out.truncate()  # drop what was written before the input turned out not to be text
@@ -43,14 +53,17 @@ def tokenize_input(unit: InputUnit, encoder, out: BinaryIO, options: PrepareOpti
     return stats
 
 
-def _open(unit: InputUnit) -> BinaryIO:
+def open_input(unit: InputUnit) -> BinaryIO:
     try:
         return open(unit.path, "rb")
     except OSError as e:
         raise DataError("--input", f"cannot read {unit.name}: {e.strerror or e}") from None
 
 
-def _counted(docs: Iterable[str], stats: InputStats) -> Iterator[str]:
+def _counted(docs: Iterable[str], stats: InputStats, text_bytes: bool = False) -> Iterator[str]:
+    """The documents, counted; with `text_bytes`, their UTF-8 bytes too (a table's text, not its file's bytes)."""
     for doc in docs:
         stats.documents += 1
+        if text_bytes:
+            stats.text_bytes += len(doc) if doc.isascii() else len(utf8(doc))
         yield doc

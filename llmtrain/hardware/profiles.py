@@ -1,6 +1,8 @@
 """Hardware profiles: dense peak FLOPS by dtype, memory, link bandwidths and compute capability
-(configs/hardware/), or this CPU measured: a peak table that is wrong by 2x gives MFU figures that are wrong by 2x,
-so the CPU's is measured, and a GPU no profile matches gets no peak (and no MFU) rather than a guessed one."""
+(configs/hardware/). A peak table that is wrong by 2x gives MFU figures that are wrong by 2x, so only a known peak
+counts: a GPU profile's, or one the user gives (hardware.peak_tflops.<dtype>). A CPU or a GPU no profile matches
+gets no peak, and no MFU, rather than a guessed one; a CPU's matmul speed measured now (which swings with the
+machine's load) only stands in for the plan's step-time estimate."""
 
 from __future__ import annotations
 
@@ -15,7 +17,8 @@ UNKNOWN_GPU = "gpu"
 
 @functools.lru_cache(maxsize=None)
 def measured_cpu_tflops(n: int = 1024, repeats: int = 5) -> float:
-    """Best-of-N fp32 matmul throughput of this CPU with the current thread count."""
+    """Best-of-N fp32 matmul throughput of this CPU with the current thread count, now: the speed a plan on a CPU
+    estimates its step time with, never a peak for MFU."""
     import torch
 
     a, b = torch.randn(n, n), torch.randn(n, n)
@@ -72,6 +75,9 @@ def load_profile(name: str):
 
 def missing_peak(hw: dict, compute_dtype: str) -> str:
     """Why there is no peak, and the override that gives one."""
+    if hw["name"] == "cpu":
+        return (f"no known peak for this CPU; give its dense peak with +hardware.peak_tflops.{compute_dtype}=<TFLOPS> "
+                "to show it")
     what = f"no hardware profile matches this GPU ({hw['device']})" if hw["name"] == UNKNOWN_GPU else \
         f"hardware={hw['name']} has no {compute_dtype} peak"
     return (f"{what}: give its dense peak with +hardware.peak_tflops.{compute_dtype}=<TFLOPS> "
@@ -79,9 +85,9 @@ def missing_peak(hw: dict, compute_dtype: str) -> str:
 
 
 def resolve(hw_cfg, compute_dtype: str, load_profile, device_type: str | None = None) -> dict:
-    """{name, device, peak_tflops (for compute_dtype; None when unknown), peaks (every dtype's known peak),
-    memory_gib, intra_node_gbs, inter_node_gbs, efficiency, compute_capability}. hardware=auto detects the GPU
-    (or the CPU) here; a GPU without the compute dtype raises ConfigError."""
+    """{name, device, peak_tflops (for compute_dtype; None when unknown: a CPU's unless given), peaks (every dtype's
+    known peak), memory_gib, intra_node_gbs, inter_node_gbs, efficiency, compute_capability}. hardware=auto detects
+    the GPU (or the CPU) here; a GPU without the compute dtype raises ConfigError."""
     name, device, profile = hw_cfg.name, None, hw_cfg
     if name == "auto":
         device = device_name(device_type)
@@ -96,7 +102,6 @@ def resolve(hw_cfg, compute_dtype: str, load_profile, device_type: str | None = 
     memory = hw_cfg.memory_gib if hw_cfg.memory_gib is not None else profile.memory_gib
     capability = profile.compute_capability
     if name == "cpu":
-        peak = peak or measured_cpu_tflops()
         if memory is None:
             import psutil
 

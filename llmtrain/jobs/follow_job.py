@@ -11,13 +11,14 @@ import time
 
 from llmtrain.closed_stdout import ReaderGone, stdout_reader_gone
 from llmtrain.console import get_console, plain, say
-from llmtrain.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED
+from llmtrain.errors import EXIT_FAILED, EXIT_HANGUP, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED
 from llmtrain.jobs import named_run_dir
-from llmtrain.jobs.job_state import FAILED, FINISHED, INTERRUPTED, PREEMPTED, STOPPED, UNKNOWN, JobState, job_state
+from llmtrain.jobs.job_state import (FAILED, FINISHED, HUNG_UP, INTERRUPTED, PREEMPTED, STOPPED, UNKNOWN, JobState,
+                                    job_state)
 from llmtrain.jobs.status import facts
 
 EXIT_BY_STATE = {FINISHED: EXIT_OK, STOPPED: EXIT_OK, FAILED: EXIT_FAILED, INTERRUPTED: EXIT_INTERRUPTED,
-                 PREEMPTED: EXIT_PREEMPTED, UNKNOWN: EXIT_FAILED}
+                 PREEMPTED: EXIT_PREEMPTED, HUNG_UP: EXIT_HANGUP, UNKNOWN: EXIT_FAILED}
 SLURM_POLL_S = 2.0  # how often scontrol is asked, as the launcher does
 
 

@@ -12,9 +12,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from llmtrain.errors import EXIT_HANGUP
 from llmtrain.rundir.job_record import read_launches
 from llmtrain.jobs.slurm_query import SlurmJob, query
-from llmtrain.launch.supervision.failures import errored_ranks, rank_statuses, stopped_short
+from llmtrain.launch.supervision.failures import errored_ranks, rank_statuses, read_only, stopped_short
 from llmtrain.launch.supervision.placement import describe_rank
 from llmtrain.launch.run_lock import holder_gone
 from llmtrain.rundir.paths import RunPaths
@@ -22,6 +23,7 @@ from llmtrain.rundir.paths import RunPaths
 RUNNING, PENDING, UNKNOWN = "running", "pending", "unknown"
 FINISHED, FAILED, INTERRUPTED, PREEMPTED = "finished", "failed", "interrupted", "preempted"
 STOPPED = "stopped"  # ended well at train.stop_at_step, short of train.max_steps
+HUNG_UP = "hung up"  # its launcher got SIGHUP (a closed terminal): the workers checkpointed, as on preemption
 LAUNCHER_INTERRUPTED, LAUNCHER_PREEMPTED = 130, 143
 # Backends whose launcher owns the job's processes: how it exited is how the job ended.
 LAUNCHER_OWNED = ("local", "ssh")
@@ -114,12 +116,18 @@ def _ended(run_dir: str, launch: dict, slurm: SlurmJob | None) -> tuple[str, str
     preempted = {r: s for r, s in statuses.items() if s.get("status") == "preempted"}
     if code == LAUNCHER_INTERRUPTED:
         return INTERRUPTED, "stopped by Ctrl-C or llmtrain cancel --now (the launcher exited 130)"
+    if code == EXIT_HANGUP:
+        return HUNG_UP, _hangup_reason(preempted)
+    if launch.get("hang"):  # the launcher's verdict (launch/supervision/hang_verdict.py): its peers' errors follow
+        return FAILED, launch["hang"].removeprefix("llmtrain: ")
     if launch.get("not_requeued") and not preempted:  # the Slurm job stopped itself (launch/node/slurm_requeue.py)
         return FAILED, f"not requeued: {launch['not_requeued']}"
     if errors:
         error = (statuses[errors[0]].get("error") or "").strip().splitlines()
         return FAILED, f"{describe_rank(run_dir, errors[0])} failed" + (f": {error[0]}" if error else "")
     if owned and launch.get("ended") is None:
+        if read_only(run_dir):  # the launcher could not record its end: not a sign that it was killed
+            return FAILED, read_only(run_dir)
         return INTERRUPTED, "its launcher ended without recording how (it was killed)"
     if preempted or code == LAUNCHER_PREEMPTED or (slurm and slurm.state == "PREEMPTED"):
         return PREEMPTED, _preempted_reason(preempted)
@@ -135,6 +143,13 @@ def _ended(run_dir: str, launch: dict, slurm: SlurmJob | None) -> tuple[str, str
     if launch and launch.get("exit_code") is None and launch.get("ended"):
         return FAILED, "the launcher stopped with an error before the job ran"
     return FAILED, "no rank recorded how it ended (see logs/)"
+
+
+def _hangup_reason(preempted: dict[int, dict]) -> str:
+    said = "stopped by SIGHUP (its terminal closed; the launcher exited 129)"
+    if not preempted:
+        return said + " before the ranks recorded a checkpoint"
+    return f"{said}; {_preempted_reason(preempted)}; the same command resumes"
 
 
 def _preempted_reason(preempted: dict[int, dict]) -> str:

@@ -1,9 +1,10 @@
 """`llmtrain status RUN_DIR [--json]`: the job behind a run directory and how far it got.
 
 The state and its reason (state.py), the backend, launch number and job id, the nodes, the step reached of
-max_steps, the newest complete checkpoint, the last metrics row (loss, tokens/s, MFU) and the run's training
-time (the last row's elapsed_s, which counts every launch of the run), the newest stragglers named, and the goodput
-ledger summed over the run's starts. --json prints the same facts as one object.
+max_steps, the newest complete checkpoint, the last metrics row (loss, tokens/s, MFU where it has one to show, else
+a line why: rundir/mfu_field.py) and the run's training time (the last row's elapsed_s, which counts every launch
+of the run), the newest stragglers named, and the goodput ledger summed over the run's starts. --json prints the
+same facts as one object.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ import os
 import shlex
 
 from llmtrain.checkpoint import store
-from llmtrain.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED
+from llmtrain.errors import EXIT_FAILED, EXIT_HANGUP, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED
 from llmtrain.jobs import named_run_dir
 from llmtrain.rundir.job_record import read_launches
+from llmtrain.rundir.mfu_field import not_shown, shown_mfu
 from llmtrain.jobs.job_state import LAUNCHER_OWNED, PENDING, JobState, job_state
 from llmtrain.rundir import goodput
 from llmtrain.rundir.metrics_file import read_metrics
@@ -72,12 +74,18 @@ def facts(run_dir: str, cfg, job: JobState | None = None) -> dict:
         "step": max(row.get("step", 0), latest.step if latest else 0), "max_steps": cfg.train.max_steps,
         "checkpoint": {"step": latest.step, "path": latest.path} if latest else None,
         "metrics_step": row.get("step"), "loss": row.get("loss"), "tokens_per_s": row.get("tokens_per_s"),
-        "mfu": row.get("mfu"), "elapsed_s": row.get("elapsed_s"), "launches": read_launches(run_dir),
+        "mfu": shown_mfu(row), "mfu_note": _mfu_note(row, cfg), "elapsed_s": row.get("elapsed_s"),
+        "launches": read_launches(run_dir),
         # The Slurm job's own account (nodes.json): the hosts its requeue leaves out, why it stopped requeueing.
         "excluded_nodes": (ledger.get("excluded") or {}).get("hosts"),
         "stopped": (ledger.get("stopped") or {}).get("reason"),
         "stragglers": last_stragglers(run_dir), "goodput": goodput.read_ledger(run_dir),
     }
+
+
+def _mfu_note(row: dict, cfg) -> str | None:
+    """Why the last row shows no MFU; None when it does, or when there is no row yet."""
+    return not_shown([row], cfg.precision.compute_dtype) if row and shown_mfu(row) is None else None
 
 
 def last_stragglers(run_dir: str) -> dict | None:
@@ -126,7 +134,7 @@ def _job_line(f: dict) -> str:
 
 # What a local or ssh launcher's exit code says (a Slurm launcher exits 0 once sbatch took the job).
 EXIT_MEANINGS = {EXIT_OK: "finished", EXIT_FAILED: "failed", EXIT_INTERRUPTED: "interrupted",
-                 EXIT_PREEMPTED: "preempted"}
+                 EXIT_PREEMPTED: "preempted", EXIT_HANGUP: "hung up"}
 
 
 def _launch_line(entry: dict) -> str:
@@ -146,7 +154,10 @@ def lines(f: dict) -> list[str]:
     nodes = ", ".join(f["nodes"]) if f["nodes"] else ("not assigned yet" if f["state"] == PENDING else "-")
     out = [("run", f"{f['run_dir']} ({f['run_name']})"), ("state", f"{f['state']}: {f['reason']}"),
            ("job", _job_line(f)), ("nodes", nodes), ("step", f"{f['step']} / {f['max_steps']}"),
-           ("checkpoint", checkpoint), ("last row", _metrics_line(f)), ("elapsed", duration(f["elapsed_s"]))]
+           ("checkpoint", checkpoint), ("last row", _metrics_line(f))]
+    if f["mfu_note"]:
+        out.append(("MFU", f["mfu_note"]))
+    out.append(("elapsed", duration(f["elapsed_s"])))
     if f["overrides"]:
         out.append(("overrides", shlex.join(f["overrides"])))
     if f["excluded_nodes"]:

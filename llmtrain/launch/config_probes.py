@@ -78,15 +78,17 @@ def _data_then_fp8_device(cfg: DictConfig) -> None:
     starts fast): vocabulary, dtype, size, and room for one sample per split. Then fp8's device, which has always
     been asked before its shape rule."""
     from llmtrain.data.errors import DataError
-    from llmtrain.data.tokenfile import check_split_sizes, check_token_file
+    from llmtrain.data.token_source import check_token_source
+    from llmtrain.data.tokenfile import check_split_sizes
 
     d, t, m = cfg.data, cfg.train, cfg.model
     need_val = bool(t.eval_interval and t.eval_steps)  # the trainer evaluates only then
     try:
         if d.name == "memmap":
-            _require(os.path.isfile(os.path.expanduser(str(d.path))), "data.path", f"no such file: {d.path}")
-            check_token_file(str(d.path), dtype=d.dtype, seq_len=m.seq_len, val_fraction=d.val_fraction,
-                             model_vocab=m.vocab_size, need_val=need_val)
+            # A token file, or a folder of shards (`data prepare --shard-tokens`) read as their concatenation.
+            _require(os.path.exists(os.path.expanduser(str(d.path))), "data.path", f"no such file: {d.path}")
+            check_token_source(str(d.path), dtype=d.dtype, seq_len=m.seq_len, val_fraction=d.val_fraction,
+                               model_vocab=m.vocab_size, need_val=need_val)
         if d.name == "stdlib":
             # Built right before the workers start, with at most data.max_bytes tokens: too few is knowable now.
             check_split_sizes(f"the stdlib corpus (data.max_bytes={d.max_bytes})", d.max_bytes, m.seq_len,
@@ -151,6 +153,16 @@ def slots_per_node(cluster: DictConfig) -> int:
     return hostfile_slots(cluster)
 
 
-def compose_here(overrides: Sequence[str] = (), config_dirs: Iterable[str] = ()) -> DictConfig:
-    """compose_config with cluster.nproc_per_node=null read from the hostfile's slots."""
-    return compose_config(overrides, config_dirs, slots_per_node)
+def compose_here(overrides: Sequence[str] = (), config_dirs: Iterable[str] = (),
+                 origins: dict[str, str] | None = None) -> DictConfig:
+    """compose_config with cluster.nproc_per_node=null read from the hostfile's slots, and a null
+    train.global_batch_size kept from the checkpoint run.dir resumes from (launch/resumed_batch.py). `origins`,
+    when given, gets where the global batch came from (config/batch.py's ORIGIN_WORDS)."""
+    from llmtrain.launch.resumed_batch import checkpoint_global_batch, keep_checkpoint_batch
+
+    found: dict[str, str] = {}
+    cfg = compose_config(overrides, config_dirs, slots_per_node, found)
+    keep_checkpoint_batch(cfg, found, checkpoint_global_batch(cfg))
+    if origins is not None:
+        origins.update(found)
+    return cfg

@@ -12,10 +12,10 @@ from rich.console import Console
 from rich.table import Table
 
 from llmtrain.checkpoint.resume import Resolution, resolve_resume
-from llmtrain.config import to_yaml
+from llmtrain.config import batch, to_yaml, validate
 from llmtrain.config.errors import ConfigError
 from llmtrain.console import fold_table, get_console, plain, say
-from llmtrain.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED, LlmtrainError
+from llmtrain.errors import EXIT_FAILED, EXIT_HANGUP, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED, LlmtrainError
 from llmtrain.launch.launch_record import LaunchRecord
 
 from llmtrain.launch import run_identity
@@ -26,6 +26,7 @@ from llmtrain.launch.container import default_python_note
 from llmtrain.launch.supervision.hang_report import HangDetected
 from llmtrain.launch.supervision.monitor import Monitor, RendezvousTimeout
 from llmtrain.launch.goodput_entry import record_start
+from llmtrain.launch.resumed_batch import keep_checkpoint_batch
 from llmtrain.rundir import goodput
 from llmtrain.launch.run_lock import RunDirLock
 from llmtrain.parallel.layout import ParallelDims
@@ -36,8 +37,17 @@ from llmtrain.rundir.paths import RunPaths
 
 
 class PreemptRequest(BaseException):
-    """SIGTERM / SIGUSR1 reached the launcher: checkpoint and stop (cluster preemption). A BaseException, like
-    KeyboardInterrupt: code that turns any Exception into an error message (config composition) must not eat it."""
+    """SIGTERM / SIGUSR1 (cluster preemption) or SIGHUP (a closed terminal) reached the launcher: checkpoint and
+    stop. A BaseException, like KeyboardInterrupt: code that turns any Exception into an error message (config
+    composition) must not eat it. The message is the signal's name."""
+
+    @property
+    def hangup(self) -> bool:
+        return str(self) == "SIGHUP"
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_HANGUP if self.hangup else EXIT_PREEMPTED
 
 
 def raise_preempt(signum, frame) -> None:
@@ -117,9 +127,10 @@ def prepare_data(cfg: DictConfig) -> None:
         ensure_stdlib_corpus(cfg.data.path, cfg.data.max_bytes)
 
 
-def check_resume(cfg: DictConfig, console: Console) -> Resolution:
+def check_resume(cfg: DictConfig, console: Console, origins: dict[str, str] | None = None) -> Resolution:
     """Before anything starts: what checkpoint.resume resolves to (its checkpoint None: a fresh start), refused
-    when it would start a different run in run.dir, and what differs from the checkpoint's config."""
+    when it would start a different run in run.dir, and what differs from the checkpoint's config. `origins`
+    (compose_here's): a run moved aside takes back the default global batch instead of its checkpoint's."""
     from llmtrain.checkpoint import store
     from llmtrain.checkpoint.diff import check_resumable, describe_change
     from llmtrain.config import load_run_config
@@ -136,6 +147,9 @@ def check_resume(cfg: DictConfig, console: Console) -> Resolution:
         say(run_identity.refuse_or_move_aside(cfg, run_dir, why, aside), console=console)
         resolution = resolve_resume(run_dir, cfg.checkpoint.resume)  # the run moved aside: resolved again
         path = resolution.checkpoint
+        if path is None and origins is not None and origins.get(batch.GLOBAL_KEY) == "checkpoint":
+            keep_checkpoint_batch(cfg, origins, None)
+            validate(cfg)
     for info in resolution.ignored:
         say(f"ignoring incomplete checkpoint {info.path} (its save did not finish)", console=console)
     if path is None:
@@ -152,7 +166,19 @@ def check_resume(cfg: DictConfig, console: Console) -> Resolution:
     return resolution
 
 
-def launch(cfg: DictConfig) -> int:
+def finished_already(cfg: DictConfig, resolution: Resolution) -> str | None:
+    """The trainer's `nothing to do` line when the checkpoint this launch resumes from is at its last step."""
+    from llmtrain.checkpoint import store
+    from llmtrain.train.run_end import nothing_to_do
+
+    if resolution.checkpoint is None:
+        return None
+    step = (store.read_meta(resolution.checkpoint) or {}).get("step")
+    return nothing_to_do(step, cfg.train) if isinstance(step, int) else None
+
+
+def launch(cfg: DictConfig, origins: dict[str, str] | None = None) -> int:
+    """`origins`: compose_here's, for the resume check and the launch record (where the global batch came from)."""
     console = get_console()
     run_dir = cfg.run.dir = os.path.abspath(cfg.run.dir)
     backend = get_backend(cfg, run_dir)
@@ -171,12 +197,16 @@ def launch(cfg: DictConfig) -> int:
         if took_over:
             say(took_over, console=console)
         prepare_data(cfg)  # first: the resume check compares the data it builds with the checkpoint's
-        resolution = check_resume(cfg, console)
+        resolution = check_resume(cfg, console, origins)
+        done = finished_already(cfg, resolution)
+        if done:  # said before any worker starts; the run directory is left as it was
+            plain(done, console=console)
+            return EXIT_OK
         try:
             prepare_run_dir(cfg)  # checkpoint.resume as the user wrote it
         except OSError as e:
             raise ConfigError("run.dir", f"cannot write the run directory {run_dir}: {e.strerror or e}") from None
-        return _run(cfg, backend, console, resolution)
+        return _run(cfg, backend, console, resolution, (origins or {}).get(batch.GLOBAL_KEY))
     except LlmtrainError:  # refused before the job started (a conflict, sbatch, the data cache, a damaged checkpoint)
         lock.release()
         if not existed:
@@ -189,12 +219,12 @@ def launch(cfg: DictConfig) -> int:
         lock.release()
 
 
-def _run(cfg: DictConfig, backend, console, resolution: Resolution) -> int:
+def _run(cfg: DictConfig, backend, console, resolution: Resolution, batch_origin: str | None) -> int:
     # Recorded before the job starts, so `llmtrain status|follow|cancel RUN_DIR` find it from the start; completed
     # when the launcher returns: its exit code, and the Slurm job id (without cluster.follow the launcher returns
     # right after sbatch; a following launcher holds the lock itself until the job ends). The workers' first
     # start loads the checkpoint recorded here: the one this launcher announced.
-    record = LaunchRecord.start(cfg, backend, resolution.to_record())
+    record = LaunchRecord.start(cfg, backend, resolution.to_record(), batch_origin)
     started = time.time()
     goodput.clear_events(cfg.run.dir)
     code = None
@@ -221,7 +251,8 @@ def _start_and_follow(cfg: DictConfig, backend, console, record: LaunchRecord) -
     monitor = Monitor(run_dir, cfg.train.max_steps, console, nnodes=cfg.cluster.nnodes,
                       max_restarts=cfg.launch.max_restarts, rendezvous_timeout_s=cfg.launch.rendezvous_timeout_s,
                       nproc_per_node=cfg.cluster.nproc_per_node, combined_log=backend.owns_processes,
-                      hang_timeout_s=cfg.launch.hang_timeout_s,
+                      # A Slurm job watches itself for hangs (slurm_hang_watch.py); its follower shows the verdict.
+                      hang_timeout_s=cfg.launch.hang_timeout_s if backend.owns_processes else None,
                       hang_evidence_wait_s=cfg.launch.hang_evidence_wait_s)
     try:
         code = backend.run(monitor)
@@ -230,6 +261,7 @@ def _start_and_follow(cfg: DictConfig, backend, console, record: LaunchRecord) -
         say(checkpoint_state(run_dir), console=console)
         return EXIT_INTERRUPTED
     except PreemptRequest as e:
+        record.entry["signal"] = str(e)
         return preempt(backend, monitor, cfg, str(e))
     except HangDetected as e:  # the verdict is said and written: stop as for any failure
         record.entry["hang"] = str(e)
@@ -262,12 +294,15 @@ def checkpoint_state(run_dir: str) -> str:
 
 
 def preempt(backend, monitor, cfg: DictConfig, why: str) -> int:
-    """Ask every worker to checkpoint at its next step boundary, wait for them, report."""
+    """Ask every worker to checkpoint at its next step boundary, wait for them, report. `why`: the signal's name
+    (SIGHUP, a closed terminal, ends with its own line and exit code)."""
     console, run_dir = monitor.console, cfg.run.dir
+    request = PreemptRequest(why)
+    code_out = request.exit_code
     grace = cfg.launch.preempt_grace_s
     monitor.hangs = None  # no steps while the workers save: the grace bounds the wait instead
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # asked once is enough; Ctrl-C still stops at once
-    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    for sig in stopping.PREEMPT_SIGNALS:  # asked once is enough; Ctrl-C still stops at once
+        signal.signal(sig, signal.SIG_IGN)
     deadline = time.monotonic() + grace
     try:
         _wait_for_starting_workers(monitor, run_dir, why, grace)
@@ -281,15 +316,15 @@ def preempt(backend, monitor, cfg: DictConfig, why: str) -> int:
             "the job at once", console=console)
         stopping.stop_job(backend, run_dir, console)
         say(checkpoint_state(run_dir), console=console)
-        return EXIT_PREEMPTED
+        return code_out
     say(f"{why}: asked {n} worker(s) to checkpoint and stop (up to {grace} s)", console=console)
     try:
         code = backend.follow(monitor, timeout_s=max(1.0, deadline - time.monotonic()))
     except KeyboardInterrupt:
         code = None
     stopping.stop_job(backend, run_dir, console)
-    _report_preempted(console, run_dir, code)
-    return EXIT_PREEMPTED
+    _report_preempted(console, run_dir, code, request.hangup)
+    return code_out
 
 
 def _wait_for_starting_workers(monitor, run_dir: str, why: str, grace: float) -> None:
@@ -300,13 +335,18 @@ def _wait_for_starting_workers(monitor, run_dir: str, why: str, grace: float) ->
         stopping.wait_for_workers(run_dir, signal.SIGUSR1, grace, monitor.poll)
 
 
-def _report_preempted(console, run_dir: str, code: int | None) -> None:
+def _report_preempted(console, run_dir: str, code: int | None, hangup: bool = False) -> None:
     from llmtrain.launch.supervision.failures import rank_statuses
 
     statuses = rank_statuses(run_dir)
     steps = {s.get("step") for s in statuses.values() if s.get("status") == "preempted"}
-    if code == 0 and statuses and all(s.get("status") == "preempted" and s.get("saved", True)
-                                      for s in statuses.values()):
+    confirmed = code == 0 and statuses and all(s.get("status") == "preempted" and s.get("saved", True)
+                                               for s in statuses.values())
+    if hangup:  # the terminal may be gone: job.json and `llmtrain status` keep what this says
+        say(f"hangup (terminal closed): checkpointed at step {max(steps)}; the same command resumes" if confirmed
+            else "hangup (terminal closed): the job did not confirm a checkpoint (see logs/); the same command "
+                 "resumes from the newest complete checkpoint", console=console)
+    elif confirmed:
         say(f"preempted at step {max(steps)}; checkpoint saved; the same command resumes", console=console)
     else:
         say("preempted; the job did not confirm a checkpoint (see logs/); resuming uses the "

@@ -11,7 +11,7 @@ from llmtrain.config import ConfigError, validate
 from llmtrain.console import fold_table, get_console, plain
 from llmtrain.errors import EXIT_FAILED, EXIT_OK
 from llmtrain.hardware import profiles as hardware
-from llmtrain.plan import calibration
+from llmtrain.plan import calibration, fit_change
 from llmtrain.plan.estimate import build_plan
 
 
@@ -23,15 +23,39 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
 
 def plan_for(cfg, memory_gib: float | None = None, calibrated: bool = True):
     """The plan of `cfg`; its step time with the factors `llmtrain tune` fitted for this hardware profile and model
-    family when there are any (calibrated=False: the profile's assumptions)."""
+    family when there are any (calibrated=False: the profile's assumptions). A CPU without a given peak is timed at
+    its matmul speed measured now, and its plan has no MFU."""
     hw = hardware.resolve(cfg.hardware, cfg.precision.compute_dtype, hardware.load_profile)
-    if hw["peak_tflops"] is None:  # a plan's step time needs a peak (training only goes without MFU)
+    speed = hw["peak_tflops"]
+    if speed is None and hw["name"] == "cpu":
+        speed = hardware.measured_cpu_tflops()
+        hw = {**hw, "measured_tflops": speed, "compute_dtype": cfg.precision.compute_dtype}
+    if speed is None:  # a plan's step time needs a peak (training only goes without MFU)
         raise ConfigError("hardware", hardware.missing_peak(hw, cfg.precision.compute_dtype))
     found = calibration.lookup(hw["name"], calibration.family(cfg.model)) if calibrated else None
     if found is not None:
         hw = {**hw, "efficiency": found.efficiency, "comm_factor": found.comm_factor, "calibration": found.line()}
     memory = memory_gib if memory_gib is not None else hw["memory_gib"]
-    return build_plan(cfg, hw["peak_tflops"] * 1e12, memory * 2**30 if memory else None, hw)
+    return build_plan(cfg, speed * 1e12, memory * 2**30 if memory else None, hw)
+
+
+def estimate_basis(hw: dict) -> str:
+    """What the plan's speed rests on: tune's calibration for this profile and family, or the assumption."""
+    of = "of peak" if "measured_tflops" not in hw else \
+        f"of this CPU's matmul speed measured now ({hw['measured_tflops']:.3g} TFLOPS)"
+    if hw.get("calibration"):
+        return f"{hw['calibration']}: matmuls at {hw['efficiency']:.1%} {of}"
+    return f"assumes matmuls at {hw['efficiency']:.0%} {of}"
+
+
+def mfu_cell(plan) -> str:
+    """The plan's MFU, labelled as the estimate it is."""
+    return f"~{plan.mfu:.0%} of {plan.hardware['peak_tflops']:,.1f} TFLOPS/device ({estimate_basis(plan.hardware)})"
+
+
+def no_mfu_line(plan) -> str:
+    """Why a plan shows no MFU: no known peak (a CPU's, unless given)."""
+    return f"est. MFU not shown: {hardware.missing_peak(plan.hardware, plan.hardware['compute_dtype'])}"
 
 
 def _gib(x: float) -> str:
@@ -60,8 +84,9 @@ def render(plan, console: Console) -> None:
         ("comm per step per rank", ", ".join(f"{k} {v / 1e9:,.3f} GB" for k, v in plan.comm_bytes_per_step.items())),
         ("est. step time", f"{plan.step_time_s:,.3f} s"),
         ("est. tokens/s", f"{plan.tokens_per_s:,.0f}"),
-        ("est. MFU", f"{plan.mfu:.1%} of {plan.hardware['peak_tflops']:,.1f} TFLOPS/device"),
     ]
+    if plan.mfu is not None:
+        rows.append(("est. MFU", mfu_cell(plan)))
     for k, v in rows:
         summary.add_row(k, v)
     console.print(summary)
@@ -78,12 +103,13 @@ def render(plan, console: Console) -> None:
     console.print(stages)
     for note in plan.notes:
         console.print(f"note: {note}", highlight=False)
+    if plan.mfu is None:
+        plain(no_mfu_line(plan), console=console)
 
 
-def candidates(cfg, n_gpus: int, per_node: int | None = None):
-    """Layouts for n_gpus devices, per_node of them on each node (default: up to 8): tp within a node, pp dividing
-    the layers, every zero and recompute."""
-    per_node = per_node or min(8, n_gpus)
+def layouts(cfg, n_gpus: int, per_node: int):
+    """(tp, pp, zero, recompute) of every layout for n_gpus devices, per_node of them on each node: tp within a
+    node, pp dividing the layers, every zero and recompute."""
     if n_gpus % per_node:
         return
     for tp in (1, 2, 4, 8):
@@ -94,18 +120,36 @@ def candidates(cfg, n_gpus: int, per_node: int | None = None):
                 continue
             for zero in (0, 2, 3):
                 for recompute in ("none", "selective", "full"):
-                    c = cfg.copy()
-                    c.cluster.nproc_per_node, c.cluster.nnodes = per_node, n_gpus // per_node
-                    c.parallel.tp, c.parallel.pp, c.parallel.zero = tp, pp, zero
-                    c.parallel.dp, c.parallel.dp_shard, c.parallel.virtual_stages = n_gpus // (tp * pp), None, 1
-                    c.parallel.pp_schedule, c.parallel.pp_layers = "1f1b", None
-                    c.parallel.sequence_parallel = tp > 1
-                    c.recompute.mode, c.recompute.every = recompute, 1
-                    try:
-                        validate(c)
-                    except ConfigError:
-                        continue
-                    yield c
+                    yield tp, pp, zero, recompute
+
+
+def set_layout(c, n_gpus: int, per_node: int, tp: int, pp: int, zero: int, recompute: str) -> None:
+    """Give config `c` (in place) a layout of `layouts`: dp the rest of the devices, sequence parallel with tp,
+    the plain 1F1B schedule."""
+    c.cluster.nproc_per_node, c.cluster.nnodes = per_node, n_gpus // per_node
+    c.parallel.tp, c.parallel.pp, c.parallel.zero = tp, pp, zero
+    c.parallel.dp, c.parallel.dp_shard, c.parallel.virtual_stages = n_gpus // (tp * pp), None, 1
+    c.parallel.pp_schedule, c.parallel.pp_layers = "1f1b", None
+    c.parallel.sequence_parallel = tp > 1
+    c.recompute.mode, c.recompute.every = recompute, 1
+
+
+def is_valid(c) -> bool:
+    try:
+        validate(c)
+    except ConfigError:
+        return False
+    return True
+
+
+def candidates(cfg, n_gpus: int, per_node: int | None = None):
+    """The valid layouts for n_gpus devices, per_node of them on each node (default: up to 8), each a config."""
+    per_node = per_node or min(8, n_gpus)
+    for layout in layouts(cfg, n_gpus, per_node):
+        c = cfg.copy()
+        set_layout(c, n_gpus, per_node, *layout)
+        if is_valid(c):
+            yield c
 
 
 def suggest(cfg, n_gpus: int, gib: float, console: Console, as_json: bool) -> int:
@@ -120,16 +164,20 @@ def suggest(cfg, n_gpus: int, gib: float, console: Console, as_json: bool) -> in
         return EXIT_OK if fitting else EXIT_FAILED
     table = fold_table(f"layouts that fit {n_gpus} devices of {gib:g} GiB (global batch "
                        f"{cfg.train.global_batch_size}, micro batch {cfg.train.micro_batch_size}), fastest first")
-    for col in ("tp", "pp", "dp", "zero", "recompute", "peak GiB", "est. tokens/s", "est. MFU"):
+    with_mfu = bool(fitting) and fitting[0].mfu is not None
+    for col in ("tp", "pp", "dp", "zero", "recompute", "peak GiB", "est. tokens/s", *(("est. MFU",) if with_mfu
+                                                                                      else ())):
         table.add_column(col, justify="right")
     for p in fitting[:15]:
         d = p.dims
         table.add_row(str(d["tp"]), str(d["pp"]), str(d["dp"]), str(d["zero"]), d["recompute"],
-                      _gib(p.peak_bytes_per_rank), f"{p.tokens_per_s:,.0f}", f"{p.mfu:.1%}")
+                      _gib(p.peak_bytes_per_rank), f"{p.tokens_per_s:,.0f}", *((f"~{p.mfu:.0%}",) if with_mfu else ()))
     console.print(table if fitting else f"no layout of {n_gpus} devices fits in {gib:g} GiB per device; try "
                                         "more devices, a smaller train.micro_batch_size or a shorter model.seq_len")
-    if fitting and fitting[0].hardware.get("calibration"):
-        plain(f"step times {fitting[0].hardware['calibration']}", console=console)
+    if fitting:
+        plain(f"estimates: {estimate_basis(fitting[0].hardware)}", console=console)
+        if not with_mfu:
+            plain(no_mfu_line(fitting[0]), console=console)
     return EXIT_OK if fitting else EXIT_FAILED
 
 
@@ -139,9 +187,50 @@ def run_plan(cfg, args) -> int:
         n, gib = args.suggest
         return suggest(cfg, int(n), gib, console, args.json)
     plan = plan_for(cfg)
+    change = None if plan.fits else smallest_fitting_change(cfg, plan)
     if args.json:
-        print(json.dumps(plan.to_dict(), indent=1, default=str))
+        print(json.dumps({**plan.to_dict(), "fits_with": change.overrides if change else None}, indent=1,
+                         default=str))
     else:
         render(plan, console)
+        if not plan.fits:
+            plain(fit_line(cfg, plan, change), console=console)
     return EXIT_OK if plan.fits else EXIT_FAILED
 
+
+def smallest_fitting_change(cfg, plan):
+    """The layout change that fits with the fewest keys (plan/fit_change.py), on the configured devices."""
+    per_node = cfg.cluster.nproc_per_node
+    n = cfg.cluster.nnodes * per_node
+    memory = plan.hardware["memory_gib"]
+    if not memory:
+        return None
+    work = cfg.copy()  # each layout in turn (a copy each would cost more than its plan)
+
+    def each(layout):
+        set_layout(work, n, per_node, *layout)
+        return work
+
+    def fits(layout) -> bool:
+        c = each(layout)
+        return not is_valid(c) or plan_for(c, memory_gib=memory).fits
+
+    # zero 3 with full recompute needs the least memory of a (tp, pp): where it does not fit, nothing else of that
+    # pair is planned (where validate refuses it, the pair is searched whole)
+    pairs = {(tp, pp) for tp, pp in {layout[:2] for layout in layouts(cfg, n, per_node)} if fits((tp, pp, 3, "full"))}
+    return fit_change.smallest(cfg, [(layout, each) for layout in layouts(cfg, n, per_node) if layout[:2] in pairs],
+                               is_valid, lambda c: plan_for(c, memory_gib=memory))
+
+
+def fit_line(cfg, plan, change) -> str:
+    """What to change when the plan does not fit: the smallest change that does, or that no layout does."""
+    n = cfg.cluster.nnodes * cfg.cluster.nproc_per_node
+    memory = plan.hardware["memory_gib"]
+    need = f"{_gib(plan.peak_bytes_per_rank)} GiB per rank > {memory:,.1f} GiB"
+    if change is None:
+        return (f"does not fit ({need}) and no layout of {n} devices does; try more devices, a smaller "
+                "train.micro_batch_size or a shorter model.seq_len")
+    p = change.plan
+    return (f"does not fit ({need}); the smallest change that fits: {' '.join(change.overrides)} "
+            f"({_gib(p.peak_bytes_per_rank)} GiB per rank, est. {p.tokens_per_s:,.0f} tokens/s); "
+            f"--suggest {n} {memory:g} ranks every layout that fits")

@@ -19,7 +19,9 @@ the block input only. Plus the loss's tensors (loss_bytes). The peak adds the pi
 backward temporary, under full recompute one block's activations rebuilt during its backward, and under TP one
 all-reduce in flight. On a CUDA device under autocast (bf16/fp16) the memory follows cuda_memory.py instead, which
 adds what autocast keeps (fp32 residual stream, cast copies of inputs and weights) and the loss's fp32 tensors.
-Step time is an estimate from stated assumptions (matmul efficiency, exposed communication), reported as such.
+Step time is an estimate from stated assumptions (matmul efficiency, exposed communication), reported as such;
+so is the MFU it implies, which exists only against a known peak (hw["peak_tflops"]: a CPU's step time is
+estimated at its matmul speed measured now, which is no peak).
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ class Plan:
     comm_bytes_per_step: dict
     step_time_s: float
     tokens_per_s: float
-    mfu: float
+    mfu: float | None  # None: no known peak (a CPU's, unless given)
     hardware: dict
     fits: bool
     notes: list[str]
@@ -323,7 +325,7 @@ def build_plan(cfg, peak_flops: float, memory_bytes: float | None, hw: dict) -> 
     exposed *= hw.get("comm_factor", 1.0)  # 1 unless `llmtrain tune` measured otherwise (plan/calibration.py)
     step = compute_s / (1 - bubble) + exposed
     tps = tokens / step
-    mfu = fpt * tps / (peak_flops * world)
+    mfu = fpt * tps / (peak_flops * world) if hw.get("peak_tflops") is not None else None
     fits = memory_bytes is None or peak <= memory_bytes
     if memory_bytes is None:
         notes.append("device memory unknown: fit not checked")
@@ -331,11 +333,12 @@ def build_plan(cfg, peak_flops: float, memory_bytes: float | None, hw: dict) -> 
         notes.append("memory: CUDA autocast model (fp32 residual stream, cast copies of inputs and weights, the "
                      "loss's fp32 tensors); peak = the largest of forward end, loss backward, blocks' backward and "
                      "optimizer step")
+    of = "of peak" if mfu is not None else f"of this CPU's matmul speed measured now ({peak_flops / 1e12:.3g} TFLOPS)"
     if hw.get("calibration"):
-        notes.append(f"step time {hw['calibration']}: matmuls at {hw['efficiency']:.1%} of peak, "
+        notes.append(f"step time {hw['calibration']}: matmuls at {hw['efficiency']:.1%} {of}, "
                      f"{hw['comm_factor']:.2f}x the exposed communication of the uncalibrated estimate")
     else:
-        notes.append(f"step time assumes matmuls at {hw['efficiency']:.0%} of peak, TP/PP transfers exposed, "
+        notes.append(f"step time assumes matmuls at {hw['efficiency']:.0%} {of}, TP/PP transfers exposed, "
                      "DP overlapped with backward")
     if float8_fpt:
         notes.append(f"fp8: the blocks' float8 matmuls ({float8_fpt / fpt:.0%} of the FLOPs) at the float8 peak "

@@ -1,6 +1,7 @@
 """`llmtrain compare RUN_DIR... | SWEEP_DIR`: one table of the runs (the swept keys of a sweep, else the config
-keys that differ between them; final loss, best val loss, tokens/s, MFU, steps) sorted by best val loss, a line
-for a global batch or token count that differs between them, and one PNG with every loss curve. Two runs also get
+keys that differ between them; final loss, best val loss, tokens/s, MFU where a run has one to show
+(rundir/mfu_field.py; else a line why), steps) sorted by best val loss, a line for a global batch or token count
+that differs between them, and one PNG with every loss curve. Two runs also get
 the old side-by-side view: their losses at evenly spaced steps and the largest divergence (e.g. an fp16 run
 against fp32, or a new layout against a reference)."""
 
@@ -17,20 +18,25 @@ from llmtrain.console import fold_table, get_console, plain
 from llmtrain.report.plotting import NO_PLOTS, PLOT_EXTRA, pyplot
 from llmtrain.report.run_report import fmt_loss, fmt_mfu, fmt_tokens_per_s
 from llmtrain.rundir.metrics_file import read_metrics
+from llmtrain.rundir.mfu_field import not_shown, shown_mfu
 from llmtrain.rundir.atomic import atomic_path
 from llmtrain.rundir.paths import RunPaths
+from llmtrain.sweep import SWEEP_NAME_VAR
 
 PLOT_NAME = "compare.png"
-# Keys that differ between any two runs without making them different experiments.
-NOT_A_DIFFERENCE = ("run.dir", "checkpoint.resume", "cluster.master_port", "cluster.node_rank", "run.overwrite")
+# Keys that differ between any two runs without making them different experiments (a sweep's name is set by the
+# sweep, as run.dir is).
+NOT_A_DIFFERENCE = ("run.dir", "checkpoint.resume", "cluster.master_port", "cluster.node_rank", "run.overwrite",
+                    f"env.{SWEEP_NAME_VAR}")
 
 
 def add_compare_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("dirs", nargs="+", metavar="DIR",
                         help="run directories, or a sweep directory (it holds sweep.yaml: its runs)")
-    parser.add_argument("--plot", "--png", dest="plot", default=None, metavar="FILE",
-                        help=f"the PNG of every loss curve (default: the first DIR's {PLOT_NAME}, when matplotlib is "
-                             f"installed); needs matplotlib: {PLOT_EXTRA}")
+    parser.add_argument("--plot", "--png", "--out", dest="plot", default=None, metavar="FILE",
+                        help=f"the PNG of every loss curve, or a folder to write {PLOT_NAME} into (default: "
+                             f"{PLOT_NAME} in the current folder, when matplotlib is installed); needs matplotlib: "
+                             f"{PLOT_EXTRA}")
     parser.add_argument("--rows", type=int, default=20,
                         help="two runs: rows of their step-by-step loss table (evenly spaced steps; default 20)")
 
@@ -66,6 +72,12 @@ class Run:
     def median_after_warmup(self, key: str) -> float | None:
         """As llmtrain report gives it: the first logged step (warm-up) is left out when there are others."""
         values = [float(r[key]) for r in self.train if _number(r.get(key))]
+        return statistics.median(values[1:] if len(values) > 1 else values) if values else None
+
+    @property
+    def median_mfu(self) -> float | None:
+        """The median MFU after the warm-up, of the rows that have one to show."""
+        values = [m for m in (shown_mfu(r) for r in self.train) if m is not None]
         return statistics.median(values[1:] if len(values) > 1 else values) if values else None
 
     @property
@@ -133,10 +145,15 @@ def _load_run(run_dir: str, params: dict, required: bool) -> Run:
 
 
 def differing_keys(runs: list[Run]) -> list[str]:
-    """The config keys whose values are not the same in every run's config.yaml."""
+    """The config keys whose values are not the same in every run's config.yaml; a key that is absent, null or an
+    empty mapping is unset alike (`env: {}` in one run, `env.NAME: null` or no such key in another)."""
     flat = [run.flat_config for run in runs if run.cfg is not None]
     keys = sorted({k for f in flat for k in f} - set(NOT_A_DIFFERENCE))
-    return [k for k in keys if len({repr(f.get(k, "<absent>")) for f in flat}) > 1]
+    return [k for k in keys if len({_compared(f.get(k)) for f in flat}) > 1]
+
+
+def _compared(value) -> str:
+    return "<unset>" if value is None or value == {} else repr(value)
 
 
 def key_value(run: Run, key: str, swept: bool) -> str:
@@ -166,7 +183,8 @@ def runs_table(runs: list[Run], keys: list[str], swept: bool, title: str):
     table.add_column("run")
     for key in keys:
         table.add_column(key)
-    for col in ("final loss", "best val loss", "tokens/s", "MFU", "steps"):
+    with_mfu = any(run.median_mfu is not None for run in runs)
+    for col in ("final loss", "best val loss", "tokens/s", *(("MFU",) if with_mfu else ()), "steps"):
         table.add_column(col, justify="right")
     for run in runs:
         max_steps = run.cfg.train.max_steps if run.cfg is not None else None
@@ -174,8 +192,20 @@ def runs_table(runs: list[Run], keys: list[str], swept: bool, title: str):
         table.add_row(run.name, *(key_value(run, k, swept) for k in keys), _fmt(run.final_loss, fmt_loss),
                       _fmt(run.best_val_loss, fmt_loss), _fmt(run.median_after_warmup("tokens_per_s"),
                                                               fmt_tokens_per_s),
-                      _fmt(run.median_after_warmup("mfu"), fmt_mfu), steps)
+                      *((_fmt(run.median_mfu, fmt_mfu),) if with_mfu else ()), steps)
     return table
+
+
+def mfu_line(runs: list[Run]) -> str | None:
+    """Why runs with training rows show no MFU (naming them when others do); None when every one shows it."""
+    without = [run for run in runs if run.train and run.median_mfu is None]
+    if not without:
+        return None
+    dtypes = {run.cfg.precision.compute_dtype for run in without if run.cfg is not None}
+    why = not_shown([r for run in without for r in run.train], dtypes.pop() if len(dtypes) == 1 else None)
+    if len(without) == len([run for run in runs if run.train]):
+        return f"MFU {why}"
+    return f"MFU {why.replace('not shown', 'not shown for ' + ', '.join(run.name for run in without), 1)}"
 
 
 def difference_notes(runs: list[Run]) -> list[str]:
@@ -269,6 +299,14 @@ def plot(plt, runs: list[Run], path: str) -> None:
 
 # ---------------------------------------------------------------------------------------------------- command
 
+def plot_path(asked: str | None) -> str:
+    """Where the PNG goes: the file asked for, PLOT_NAME in a folder asked for, else in the current folder (never
+    into a run directory, which holds what its run wrote)."""
+    if asked is None:
+        return PLOT_NAME
+    return os.path.join(asked, PLOT_NAME) if os.path.isdir(asked) else asked
+
+
 def run_compare(args) -> int:
     plt = pyplot()
     if plt is None and args.plot:  # a PNG asked for by name: refuse before printing anything
@@ -280,14 +318,14 @@ def run_compare(args) -> int:
     what = f"sweep {os.path.basename(os.path.normpath(args.dirs[0]))}" if swept is not None else "runs"
     console.print(runs_table(ranked(runs), keys, swept is not None,
                              f"{what}: {len(runs)} run(s), best val loss first"))
-    for note in difference_notes(runs):
+    for note in difference_notes(runs) + [line for line in (mfu_line(runs),) if line]:
         plain(note, console=console)
     if len(runs) == 2:
         print_pair(console, runs[0], runs[1], args.rows)
     if plt is None:
         plain(NO_PLOTS, console=console)
         return 0
-    path = args.plot or os.path.join(args.dirs[0], PLOT_NAME)
+    path = plot_path(args.plot)
     plot(plt, [run for run in runs if run.rows], path)
     plain(f"plot: {path}", console=console)
     return 0

@@ -1,5 +1,6 @@
 """`llmtrain report RUN_DIR`: plots (loss, learning rate, throughput) and a summary table of one run, read from
-its metrics.jsonl and config.yaml, with the stragglers named and the goodput ledger (goodput.json)."""
+its metrics.jsonl and config.yaml, with the stragglers named and the goodput ledger (goodput.json). MFU only from
+rows that have one to show (rundir/mfu_field.py); otherwise one line says why."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from llmtrain.report.plotting import NO_PLOTS, PLOT_EXTRA, pyplot
 from llmtrain.report.source_table import plot_source_val_loss, source_rows, val_loss_step
 from llmtrain.rundir import goodput
 from llmtrain.rundir.metrics_file import read_metrics
+from llmtrain.rundir.mfu_field import not_shown_line, shown_mfu
 from llmtrain.rundir.atomic import atomic_path
 from llmtrain.rundir.paths import RunPaths
 
@@ -73,6 +75,19 @@ def _median_after_warmup(train_rows: list[dict], key: str) -> float | None:
     return statistics.median(values) if values else None
 
 
+def _shown_mfu_rows(rows: list[dict]) -> list[dict]:
+    """The rows with their MFU as it may be shown (None where it may not)."""
+    return [{**r, "mfu": shown_mfu(r)} for r in rows]
+
+
+def mfu_note(rows: list[dict], cfg=None) -> str | None:
+    """The line saying why the report shows no MFU; None when a train row has one to show, or there is none."""
+    train = [r for r in rows if _num(r, "loss") is not None]
+    if not train or any(shown_mfu(r) is not None for r in train):
+        return None
+    return not_shown_line(train, cfg.precision.compute_dtype if cfg is not None else None)
+
+
 def summarize(run_dir: str, rows: list[dict], cfg=None) -> list[tuple[str, str]]:
     """(label, value) rows of the summary table."""
     train = [r for r in rows if _num(r, "loss") is not None]
@@ -118,7 +133,7 @@ def summarize(run_dir: str, rows: list[dict], cfg=None) -> list[tuple[str, str]]
     median_tflops = _median_after_warmup(train, "tflops")
     if median_tflops is not None:
         out.append(("TFLOP/s (median)", f"{median_tflops:.2f}"))
-    median_mfu = _median_after_warmup(train, "mfu")
+    median_mfu = _median_after_warmup(_shown_mfu_rows(train), "mfu")
     if median_mfu is not None:
         out.append(("MFU (median)", fmt_mfu(median_mfu)))
     mem = [v for v in (_num(r, "mem_gib") for r in train) if v is not None]
@@ -194,7 +209,7 @@ def plot_all(plt, rows: list[dict], out_dir: str, title: str) -> list[str]:
         _no_data(ax, "throughput")
     ax.set(xlabel="step", ylabel="tokens/s", title=f"{title}: throughput")
     ax.grid(alpha=0.3)
-    msteps, mfu = _series(train, "mfu")
+    msteps, mfu = _series(_shown_mfu_rows(train), "mfu")
     if msteps:
         ax2 = ax.twinx()
         ax2.plot(msteps, [100 * m for m in mfu], color="tab:orange", label="MFU", linewidth=1.0)
@@ -225,7 +240,8 @@ def export_tensorboard(rows: list[dict], log_dir: str, metrics_path: str) -> tup
             wall = start + _num(r, "elapsed_s") if _num(r, "elapsed_s") is not None else None
             groups = []  # a row may hold both a train step and an eval
             if _num(r, "loss") is not None:
-                groups.append({f"train/{k}": v for k, v in r.items() if k not in ("step", "val_loss")})
+                shown = {**r, "mfu": shown_mfu(r)} if "mfu" in r else r
+                groups.append({f"train/{k}": v for k, v in shown.items() if k not in ("step", "val_loss")})
             if _num(r, "val_loss") is not None:
                 groups.append({"val/loss": r["val_loss"]})
             for values in groups:
@@ -280,6 +296,9 @@ def run_report(args) -> int:
         for row in sources:
             table.add_row(*row)
         console.print(table)
+    note = mfu_note(rows, cfg)
+    if note:
+        plain(note, console=console)
     if not rows:
         console.print("metrics.jsonl has no rows yet", highlight=False)
     plain("plots: " + ", ".join(paths) if plt is not None else NO_PLOTS, console=console)

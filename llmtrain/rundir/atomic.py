@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
+from llmtrain.errors import STORAGE_ERRNOS, StorageError
+
 
 def process_umask() -> int:
     """The process umask, read without changing it (os.umask would race with other threads)."""
@@ -37,6 +39,14 @@ def fsync_dir(directory: str | os.PathLike) -> None:
             os.close(fd)
 
 
+def _raise_named(path: str | os.PathLike, err: OSError) -> None:
+    """A full, over-quota or read-only storage is raised naming the file it kept from being written (the temp
+    file's name, or none, is all the OSError has); any other OSError as it is."""
+    if err.errno in STORAGE_ERRNOS and not isinstance(err, StorageError):
+        raise StorageError(str(path), err) from err
+    raise err
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike, durable: bool = True) -> Iterator[str]:
     """Yield a temp file's name beside `path` for a writer that wants a name (a library's save(name)); when the
@@ -44,7 +54,10 @@ def atomic_path(path: str | os.PathLike, durable: bool = True) -> Iterator[str]:
     durable=False skips the fsyncs: still whole for readers, but a crash may lose it (a heartbeat, rewritten every
     step, is worth nothing after a crash and should not cost a disk flush per step)."""
     folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    except OSError as e:
+        _raise_named(path, e)
     os.close(fd)
     try:
         yield tmp
@@ -53,9 +66,11 @@ def atomic_path(path: str | os.PathLike, durable: bool = True) -> Iterator[str]:
                 os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~process_umask())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if isinstance(e, OSError):
+            _raise_named(path, e)
         raise
     if durable:
         fsync_dir(folder)

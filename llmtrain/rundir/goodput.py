@@ -21,6 +21,7 @@ import os
 from collections import defaultdict
 
 from llmtrain.rundir.atomic import atomic_write_json
+from llmtrain.rundir.unwritten import warn_unwritten
 from llmtrain.rundir.paths import RunPaths
 
 PARTS = ("queue_s", "startup_s", "checkpoint_s", "lost_s", "restart_s", "shutdown_s")
@@ -113,9 +114,11 @@ def read_ledger(run_dir: str) -> list[dict]:
 
 
 def append_entry(run_dir: str, entry: dict) -> None:
-    """Atomically; a failed write (a full disk) leaves the ledger as it was."""
-    with contextlib.suppress(OSError):
+    """Atomically; a failed write (a full disk) leaves the ledger as it was, with one warning."""
+    try:
         atomic_write_json(ledger_path(run_dir), {"starts": read_ledger(run_dir) + [entry]}, indent=1)
+    except OSError as e:
+        warn_unwritten(ledger_path(run_dir), e)
 
 
 def totals(starts: list[dict]) -> dict:

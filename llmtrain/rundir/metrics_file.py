@@ -2,8 +2,10 @@
 numbers written as null. The trainer writes it (llmtrain.train.metrics); the launcher's live view, `llmtrain status`,
 `report` and `compare` read it here.
 
-The file is only ever appended to; a resume cuts off just the tail of rows past the resumed step. A malformed
-line is skipped by every reader with a one-line warning and left in the file.
+The file is only ever appended to, a whole row at a time (append_row: a write that fails, a full disk, is cut back
+off, so no half row is left); a resume cuts off just the tail of rows past the resumed step. A malformed line is
+skipped by every reader with a one-line warning and left in the file; an unfinished last line (a row being
+written, or half a row left by an older writer that failed mid-row) is skipped quietly.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import math
 import os
 import sys
 from collections.abc import Iterator
+
+from llmtrain.errors import STORAGE_ERRNOS, StorageError
 from llmtrain.rundir.atomic import atomic_writer
 
 
@@ -20,6 +24,26 @@ def encode_row(row: dict) -> tuple[dict, bytes]:
     """(the row with NaN and infinities as None, its line in the file)."""
     clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
     return clean, (json.dumps(clean) + "\n").encode()
+
+
+def append_row(fd: int, line: bytes, path: str) -> None:
+    """Append one encoded row (encode_row's line) to the file open at `fd` (O_APPEND), durably, whole or not at all:
+    a write that fails partway (a full disk writes what fits, then refuses the rest) is cut back to the file's
+    length before it. A full, over-quota or read-only storage raises StorageError naming `path`."""
+    start = os.fstat(fd).st_size
+    try:
+        view = memoryview(line)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    except OSError as e:
+        try:
+            os.ftruncate(fd, start)
+        except OSError:
+            pass  # a read-only file system: nothing was written either
+        if e.errno in STORAGE_ERRNOS:
+            raise StorageError(path, e) from e
+        raise
 
 
 def _lines(path: str) -> Iterator[tuple[int, int, bytes, dict | None]]:

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 
 from llmtrain.rundir.atomic import atomic_write_text
 from llmtrain.rundir.paths import RunPaths
+from llmtrain.rundir.unwritten import warn_unwritten
 
 KINDS = ("failure", "startup", "hang", "straggler")
 EVENTS_KEPT = 5  # per host: enough to tell a pattern, small enough to read
@@ -62,12 +63,18 @@ def _locked(run_dir: str) -> Iterator[None]:
 
 
 def update_ledger(run_dir: str, change: Callable[[dict], None]) -> dict:
-    """Apply `change` to the ledger in place, under the lock, and write it back atomically; returns the result."""
-    os.makedirs(run_dir, exist_ok=True)
-    with _locked(run_dir):
-        ledger = read_ledger(run_dir)
-        change(ledger)
-        atomic_write_text(ledger_path(run_dir), json.dumps(ledger, indent=1, sort_keys=True) + "\n")
+    """Apply `change` to the ledger in place, under the lock, and write it back atomically; returns the result.
+    A ledger that cannot be written (a full disk) is one warning: it is advice, and its writers are on their way
+    to report a failure."""
+    ledger = read_ledger(run_dir)
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+        with _locked(run_dir):
+            ledger = read_ledger(run_dir)
+            change(ledger)
+            atomic_write_text(ledger_path(run_dir), json.dumps(ledger, indent=1, sort_keys=True) + "\n")
+    except OSError as e:
+        warn_unwritten(ledger_path(run_dir), e)
     return ledger
 
 

@@ -5,7 +5,7 @@
       metrics.jsonl               one JSON object per logged step and per eval (rundir.metrics_file)
       logs/rank{R}.log            every rank's stdout/stderr
       logs/rank{R}.status         how the rank ended (rundir.rank_files)
-      logs/rank{R}.place          the rank's node, host and local rank, written as it starts (rundir.rank_files)
+      logs/rank{R}.place          the rank's node, host, local rank and pid, written as it starts (rundir.rank_files)
       logs/rank{R}.progress       the rank's heartbeat: the step it last completed (rundir.hang_files)
       logs/node{N}.log            the torchrun agent's output on node N
       logs/node{N}.env            the effective NCCL_*/GLOO_*/CUDA_* environment on node N
@@ -179,6 +179,15 @@ class RunPaths:
     def rank_exit_trace(self, rank: int | str) -> str:
         """The collective trace a failing rank writes as it exits."""
         return self._join(LOGS, f"rank{rank}.collectives.json")
+
+    def rank_reserve(self, rank: int | str) -> str:
+        """Room the rank keeps aside for its status on a disk that fills up (rundir.space_reserve)."""
+        return self._join(LOGS, f"rank{rank}.reserve")
+
+    @property
+    def launcher_reserve(self) -> str:
+        """Room the launcher keeps aside for job.json's exit code on a disk that fills up (rundir.space_reserve)."""
+        return self._join(LOGS, "launcher.reserve")
 
     def node_log(self, node: int | str) -> str:
         """`node` may be a glob pattern ("*")."""

@@ -1,7 +1,7 @@
 """RUN_DIR/logs/rank{R}.status and rank{R}.place: small JSON files each worker writes about itself, read by the
 launcher, `llmtrain status` and the failure reports.
 
-rank{R}.place is written as the worker starts ({"rank", "node", "host", "local_rank", "restart"}); rank{R}.status
+rank{R}.place is written as the worker starts ({"rank", "node", "host", "local_rank", "restart", "pid"}); rank{R}.status
 when it ends ({"status": "ok" | "error" | "preempted", "error", "restart", "host", ...}). Both are replaced
 whole; an unreadable one counts as not written.
 """

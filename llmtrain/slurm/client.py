@@ -97,6 +97,15 @@ def cancel(*args: str, timeout: float = 60) -> str | None:
     return None if out.returncode == 0 else last_line(out)
 
 
+def job_steps(job_id: str, timeout: float = 30) -> list[str] | None:
+    """The job's running steps that srun started (`12.0`, `12.1`: not its batch or extern step), as squeue lists
+    them; None when squeue did not run or answer."""
+    out = run(["squeue", "--noheader", "--steps", f"--jobs={job_id}", "--format=%i"], timeout)
+    if out is None or out.returncode != 0:
+        return None
+    return [step for step in out.stdout.split() if step.rpartition(".")[2].isdigit()]
+
+
 def sinfo(args: list[str], timeout: float) -> tuple[str | None, str | None]:
     """(sinfo's output, None), or (None, why it gave none)."""
     try:

@@ -10,7 +10,7 @@ import sys
 from dataclasses import dataclass
 
 from llmtrain.console import error_line, plain, say
-from llmtrain.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED, KeyedError
+from llmtrain.errors import EXIT_FAILED, EXIT_HANGUP, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED, KeyedError
 from llmtrain.sweep import SWEEP_NAME_VAR, record
 from llmtrain.sweep.plan import SweepPlan, SweepRun, naming_the_run, plan_sweep
 from llmtrain.sweep.preview import dry_run
@@ -58,8 +58,8 @@ def _run_all(plan: SweepPlan, fail_fast: bool) -> tuple[list[Outcome], int | Non
             outcome = run_one(plan, run, number)
         except KeyboardInterrupt:  # between runs, or before this run's job started
             outcome = Outcome(run, STOPPED, code=EXIT_INTERRUPTED)
-        except PreemptRequest:
-            outcome = Outcome(run, STOPPED, code=EXIT_PREEMPTED)
+        except PreemptRequest as e:  # SIGTERM / SIGUSR1, or SIGHUP (a closed terminal)
+            outcome = Outcome(run, STOPPED, code=e.exit_code)
         outcomes.append(outcome)
         if outcome.state == STOPPED:
             return outcomes, outcome.code
@@ -86,7 +86,7 @@ def run_one(plan: SweepPlan, run: SweepRun, number: int) -> Outcome:
     except KeyedError as e:  # refused at launch (a run dir conflict, sbatch, a damaged checkpoint): this run only
         plain(error_line(f"{e} (in sweep run {run.name})"), err=True)
         return Outcome(run, FAILED, f"refused: {e.key}")
-    if code in (EXIT_INTERRUPTED, EXIT_PREEMPTED):  # the run took the usual path; the sweep stops here
+    if code in (EXIT_INTERRUPTED, EXIT_PREEMPTED, EXIT_HANGUP):  # the run took the usual path; the sweep stops here
         return Outcome(run, STOPPED, code=code)
     if code != 0:
         return Outcome(run, FAILED, f"exit {code}")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from llmtrain.rundir.metrics_file import encode_row, keep_rows_until
+from llmtrain.rundir.metrics_file import append_row, encode_row, keep_rows_until
 
 from llmtrain.train.trackers.base import scalars
 from llmtrain.rundir.atomic import atomic_write_bytes
@@ -38,8 +38,7 @@ class MetricsWriter:
             return
         self._follow_path()
         clean, line = encode_row(row)
-        self.file.write(line)
-        os.fsync(self.file.fileno())
+        append_row(self.file.fileno(), line, self.path)
         if self.tensorboard is not None:
             self.tensorboard.add_scalars(row["step"], scalars(row))
             self.tensorboard.flush()

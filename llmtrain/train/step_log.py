@@ -1,6 +1,7 @@
 """What a logged step reports: throughput over the steps since the last logged one, a metrics row (loss, lr,
-grad norm, tokens/s, TFLOPS, MFU where the device's peak is known, memory, loss scale, the data wait, and for
-data=mix the tokens each source has given) and rank 0's console line.
+grad norm, tokens/s, TFLOPS, MFU and its peak where the device's peak is known, memory, loss scale, the data
+wait, and for data=mix the tokens each source has given) and rank 0's console line. MFU is never over 100%: a step
+faster than the peak means the peak is wrong, which is said once, and MFU is left out from then on.
 Reading the loss and grad norm waits for the device, so it happens on logged steps only."""
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import time
 from typing import Callable
 
+from llmtrain.rundir.mfu_field import PEAK_KEY
 from llmtrain.train.metrics import MetricsWriter
 from llmtrain.train.optim import lr_at
 
@@ -15,13 +17,15 @@ from llmtrain.train.optim import lr_at
 class StepLog:
     def __init__(self, train_cfg, metrics: MetricsWriter, log: Callable[..., None], tokens_per_step: int,
                  flops_per_token: float, peak_flops: float | None, world_size: int, scaler,
-                 memory_gib: Callable[[], float], feed, stragglers=None, events=None):
+                 memory_gib: Callable[[], float], feed, stragglers=None, events=None,
+                 peak_key: str = "hardware.peak_tflops"):
         self.t = train_cfg
         self.metrics = metrics
         self.log = log
         self.tokens_per_step = tokens_per_step
         self.flops_per_token = flops_per_token
-        self.peak_flops = peak_flops  # None: an unknown device, and no MFU
+        self.peak_flops = peak_flops  # None: no known peak, and no MFU
+        self.peak_key = peak_key  # the key that gives the peak, named when a step outruns it
         self.world_size = world_size
         self.scaler = scaler
         self.memory_gib = memory_gib
@@ -50,8 +54,7 @@ class StepLog:
             row["source_tokens"] = source_tokens
         # Model FLOPs (no recompute) per device per second, and that over the device's dense peak.
         row["tflops"] = self.flops_per_token * tokens_per_s / self.world_size / 1e12
-        if self.peak_flops is not None:
-            row["mfu"] = row["tflops"] * 1e12 / self.peak_flops
+        self._add_mfu(step, row)
         if self.scaler.enabled:
             row.update(loss_scale=self.scaler.scale, skipped_steps=self.scaler.skipped_steps)
         named = self.stragglers.interval_done() if self.stragglers is not None else []
@@ -60,10 +63,23 @@ class StepLog:
         if self.events is not None:
             self.events.record("step", step)
         self.metrics.write(row)
-        mfu = f"{row['mfu']:.1%}" if "mfu" in row else "-"
+        mfu = f" | MFU {row['mfu']:.1%}" if "mfu" in row else ""
         self.log(f"step {step:>6}/{self.t.max_steps} | loss {row['loss']:.4f} | lr {row['lr']:.2e} | "
                  f"grad_norm {row['grad_norm']:.3f} | {tokens_per_s:,.0f} tok/s | "
-                 f"{step_time * 1000:.0f} ms/step | MFU {mfu}", flush=True)
+                 f"{step_time * 1000:.0f} ms/step{mfu}", flush=True)
+
+    def _add_mfu(self, step: int, row: dict) -> None:
+        """MFU and the peak it is against, when the peak is known and this step did not outrun it."""
+        if self.peak_flops is None:
+            return
+        mfu = row["tflops"] * 1e12 / self.peak_flops
+        if mfu > 1:
+            self.log(f"llmtrain: warning: step {step} ran {row['tflops']:.3g} TFLOPS per device, above the peak of "
+                     f"{self.peak_flops / 1e12:.3g} TFLOPS ({self.peak_key}): that peak is wrong; MFU is not shown "
+                     "for the rest of this run", flush=True)
+            self.peak_flops = None
+            return
+        row["mfu"], row[PEAK_KEY] = mfu, self.peak_flops / 1e12
 
     def eval_done(self, step: int, result) -> None:
         """`result`: an EvalResult (val_loss, and per-source losses for data=mix)."""

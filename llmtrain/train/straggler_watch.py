@@ -1,9 +1,13 @@
 """Straggler detection across ranks: each rank's compute time per log interval, one all_gather, one named line.
 
-What counts as compute: the wall time of the forward/backward of a step (with the collectives FSDP, tensor and
-pipeline parallelism run inside it) plus the optimizer step. The gradient-norm and flag all-reduces, data loading,
-logging and checkpoint saves are outside, so a fast rank's wait for a slow one at those points is not counted.
-On CUDA the regions are timed with events on the device's stream; on CPU with the wall clock.
+What counts as compute: the forward/backward of a step plus the optimizer step, less the time the rank spent
+blocked in collectives inside them (collective_wait): the all-gathers, reduce-scatters and all-reduces FSDP runs in
+its forward and backward hooks, the tensor parallel collectives, pipeline send/recv. So a fast rank's wait for a
+slow one is not its compute, and a rank slowed from outside (stopped, CPU-throttled, sharing its core) shows its own
+slowdown.
+The gradient-norm and flag all-reduces, data loading, logging and checkpoint saves are outside the regions.
+On CPU the regions are timed with the wall clock. On CUDA they are timed with events on the device's stream, which
+include the compute stream's waits for collectives (NCCL waits on the GPU, not in the host calls timed here).
 """
 
 from __future__ import annotations
@@ -18,30 +22,36 @@ import torch.distributed as dist
 
 from llmtrain.rundir.node_ledger import record_node_event
 
+from llmtrain.train import collective_wait
 from llmtrain.train.straggler import StragglerStreaks
 
 
 class ComputeClock:
-    """Sums the compute regions of this rank between two take() calls."""
+    """Sums the compute regions of this rank between two take() calls, less the collectives' waits inside them."""
 
     def __init__(self, device: torch.device, enabled: bool = True):
-        """Disabled, it sums nothing (stop() still returns the region's host seconds)."""
+        """Disabled, it sums nothing and times no collective (stop() still returns the region's host seconds)."""
         self.enabled = enabled
         self.cuda = enabled and device.type == "cuda"
         self.events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         self.total_s = 0.0
         self.started: float | None = None
+        self.blocked_at_start = 0.0
         self.start_event = None
+        if enabled:
+            collective_wait.install()
 
     def start(self) -> None:
         self.started = time.perf_counter()
+        self.blocked_at_start = collective_wait.blocked_s()
         if self.cuda:
             self.start_event = torch.cuda.Event(enable_timing=True)
             self.start_event.record()
 
     def stop(self) -> float:
-        """Ends the region; its host seconds (on CUDA, the time to queue its work)."""
-        host_s = time.perf_counter() - self.started
+        """Ends the region; its host seconds less those blocked in collectives (on CUDA, the time to queue its
+        work)."""
+        host_s = time.perf_counter() - self.started - (collective_wait.blocked_s() - self.blocked_at_start)
         if self.cuda:
             end = torch.cuda.Event(enable_timing=True)
             end.record()

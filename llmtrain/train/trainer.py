@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import time
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch.distributed.tensor import DTensor
 
+from llmtrain.config.batch import batch_words
 from llmtrain.config.derived import Derived, torch_dtype
 from llmtrain.hardware.fp8_device import check_fp8_node
 from llmtrain.checkpoint.manager import CheckpointManager
@@ -36,6 +38,7 @@ from llmtrain.train.goodput_events import GoodputEvents
 from llmtrain.train.metrics import MetricsWriter
 from llmtrain.train.preemption import Preempted, PreemptionFlag
 from llmtrain.train.progress_beat import ProgressBeat
+from llmtrain.train.run_end import last_step, nothing_to_do
 from llmtrain.train.save_schedule import SaveSchedule
 from llmtrain.train.step_log import StepLog
 from llmtrain.train.step_profiler import StepProfiler
@@ -68,14 +71,17 @@ def nonfinite_flag(tensors: list[torch.Tensor]) -> torch.Tensor:
 
 
 class Trainer:
-    def __init__(self, cfg: DictConfig, run_dir: str, device: torch.device, launched: Resolution | None = None):
-        """`launched`: what the launcher resolved checkpoint.resume to (job.json), for the first start."""
+    def __init__(self, cfg: DictConfig, run_dir: str, device: torch.device, launched: Resolution | None = None,
+                 batch_origin: str | None = None):
+        """`launched`: what the launcher resolved checkpoint.resume to (job.json), for the first start;
+        `batch_origin`: where train.global_batch_size came from (config/batch.py's ORIGIN_WORDS; job.json too)."""
         self.cfg = cfg
+        self.batch_origin = batch_origin
         self.run_dir = run_dir
         self.device = device
         self.rank = dist.get_rank()
-        # First, before anything is built: a compute dtype this GPU lacks is a one-line ConfigError; an unknown
-        # GPU only loses MFU (rank 0 says so once).
+        # First, before anything is built: a compute dtype this GPU lacks is a one-line ConfigError; a CPU or an
+        # unknown GPU without a given peak only loses MFU (rank 0 says so once).
         check_fp8_node(cfg, device.type)  # precision=fp8 with hardware=auto: known only now, on this node
         self.flops_per_token, self.peak_flops = model_flops(cfg, device.type, print if self.rank == 0 else None)
         self.peak_memory = PeakMemory(device, cfg.profile.memory)
@@ -190,7 +196,13 @@ class Trainer:
         losses: list[torch.Tensor] = []
         scale = self.scaler.scale if (train and self.scaler.enabled) else 1.0
         self.model.pipeline_loss_scale = scale
-        run = self.model.pipeline.step if train else self.model.pipeline.eval
+        schedule = self.model.pipeline
+        if train:
+            run = schedule.step
+        else:
+            from llmtrain.parallel.pipeline import evaluate_schedule  # imported with a pipeline only
+
+            run = functools.partial(evaluate_schedule, schedule)
         with self.model.loss_context(), self.autocast():
             if self.model.has_first_stage:
                 run(x, target=y, losses=losses)
@@ -307,18 +319,18 @@ class Trainer:
     def _train(self) -> None:
         t, state = self.cfg.train, self.state
         self._describe()
-        last = min(t.max_steps, t.stop_at_step) if t.stop_at_step else t.max_steps
+        last = last_step(t)
         first_step = self.step
         self.state.restart_clock()
         self.save_schedule.restart_clock()
-        if first_step >= last:
-            self.log(f"llmtrain: nothing to do: already at step {self.step} (train.max_steps={t.max_steps}"
-                     + (f", train.stop_at_step={t.stop_at_step}" if t.stop_at_step else "") + ")", flush=True)
+        done = nothing_to_do(first_step, t)
+        if done:  # the launcher says so before starting workers; a restart or requeue may still get here
+            self.log(done, flush=True)
             self._close()
             return
         step_log = StepLog(t, self.metrics, self.log, Derived.of(self.cfg).tokens_per_step, self.flops_per_token,
                            self.peak_flops, dist.get_world_size(), self.scaler, self.memory_gib, self.feed,
-                           self.stragglers, self.events)
+                           self.stragglers, self.events, f"hardware.peak_tflops.{self.cfg.precision.compute_dtype}")
         self.events.record("train", self.step)
         while self.step < last:
             result, step_time = self._timed_step(first_step)
@@ -359,7 +371,8 @@ class Trainer:
         kernel = f"optim.fused={fused}" + (f" -> {self.fused} on {self.device.type}" if fused != self.fused else "")
         self.log(f"llmtrain: {self.model.describe()}; layout dp={self.dims.dp} tp={self.dims.tp} "
                  f"pp={self.dims.pp} zero={self.dims.zero}; {kernel}; {t.max_steps} steps of {t.global_batch_size} x "
-                 f"{m.seq_len} tokens ({self.accum} micro-batches of {t.micro_batch_size} per dp rank)", flush=True)
+                 f"{m.seq_len} tokens ({batch_words(self.batch_origin, t.global_batch_size)}{self.accum} "
+                 f"micro-batches of {t.micro_batch_size} per dp rank)", flush=True)
         if self.model.float8 is not None:
             self.log(f"llmtrain: {self.model.float8.describe(self.cfg.train.compile)}", flush=True)
         if self.model.init_from_note and self.step == 0:  # a resumed run continues from its checkpoint instead

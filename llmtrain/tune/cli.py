@@ -20,7 +20,7 @@ from llmtrain.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from llmtrain.console import get_console, say
 from llmtrain.sweep import record
 from llmtrain.sweep.plan import SweepPlan
-from llmtrain.tune import candidates, refine, table, trials, winner
+from llmtrain.tune import candidates, noise, refine, table, trials, winner
 from llmtrain.tune.calibration import learn, uncalibrated_parts
 
 SELECTION_FILE = "tune.json"
@@ -173,11 +173,11 @@ def _refine(plan: SweepPlan, chosen, done, args, budget: Budget,
 
 def _finish(cfg, args, tune_dir: str, done, stop_code, not_started: int, profile: str) -> int:
     console = get_console()
-    best = table.fastest(done)
+    best = noise.winner(done)  # a refinement only when it is faster beyond both trials' spreads
     title = (f"tune {os.path.basename(tune_dir)}: {cfg.model.name}, global batch {cfg.train.global_batch_size}, "
              f"{args.steps} steps per trial (median tokens/s after the first {trials.warmup_steps(args.steps)})")
     if done:
-        table.render(done, title, console)
+        table.render(done, title, console, cfg.precision.compute_dtype)
     calibration = learn(cfg, profile, done)
     if calibration is not None:
         say(f"tune: the plan is now {calibration.line()} (efficiency {calibration.efficiency:.1%}, comm factor "
@@ -192,7 +192,7 @@ def _finish(cfg, args, tune_dir: str, done, stop_code, not_started: int, profile
     path = winner.write(tune_dir, refine.tuned_overrides(cfg, best.overrides), cfg.train.global_batch_size, line,
                         f"{best.layout}, {best.tokens_per_s:,.0f} tokens/s measured")
     say(f"tune: fastest measured: {best.layout} ({best.tokens_per_s:,.0f} tokens/s"
-        + (f", MFU {best.mfu:.2%}" if best.mfu is not None else "") + f"); written to {path}")
+        + (f", MFU {best.shown_mfu:.2%}" if best.shown_mfu is not None else "") + f"); written to {path}")
     say(f"tune: launch it with: {line}")
     if not_started:
         say(f"tune: {not_started} trial(s) not measured (budget); the same command measures them")
@@ -209,12 +209,13 @@ def _launch_winner(tune_dir: str, args, line: str) -> int:
     from llmtrain.launch.config_probes import compose_here, validate_here
     from llmtrain.launch.run import launch
 
+    origins: dict[str, str] = {}
     cfg = compose_here(winner.launch_overrides(list(args.overrides)),
-                       [*args.config_dir, winner.best_dir(tune_dir)])
+                       [*args.config_dir, winner.best_dir(tune_dir)], origins)
     validate_here(cfg)
     saved = sys.argv
     sys.argv = [saved[0] if saved else "llmtrain", *shlex.split(line)[1:]]
     try:
-        return launch(cfg)
+        return launch(cfg, origins)
     finally:
         sys.argv = saved

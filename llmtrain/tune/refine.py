@@ -1,7 +1,8 @@
 """The tune's second round: the plan has no figure for train.compile or optim.fused, so the measured-fastest layout
 is measured again with each of them switched to its other value, one at a time (`<layout>+compile`,
 `<layout>+fused`, ...). A switch that validate() refuses, or that torch cannot run on the trials' device, is left
-out with the reason. The winner is then the measured fastest over every trial."""
+out with the reason. The winner is then the measured-fastest layout, or one of its refinements when that is faster
+beyond both trials' spreads (noise.py)."""
 
 from __future__ import annotations
 

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 
 from llmtrain.rundir.atomic import atomic_write_json
 from llmtrain.rundir.metrics_file import read_metrics
+from llmtrain.rundir.mfu_field import PEAK_KEY, shown_mfu
 from llmtrain.rundir.paths import RunPaths
 from llmtrain.sweep import SWEEP_NAME_VAR
 from llmtrain.sweep.expand import Combination
@@ -28,14 +29,17 @@ class Trial:
     layout: str
     overrides: list[str]  # the layout's keys
     estimated_tokens_per_s: float
-    estimated_mfu: float
+    estimated_mfu: float | None  # None: no known peak (a CPU's, unless given)
     estimated_peak_gib: float
     compute_s: float  # the plan's step time parts at 100% efficiency and comm_factor 1 (calibration's inputs)
     comm_s: float
     fit: str = OK  # ok | out of memory | failed
     reason: str = ""
     tokens_per_s: float | None = None  # median over the steps after the warm-up
-    mfu: float | None = None
+    tokens_per_s_q1: float | None = None  # its quartiles: the spread (noise.py); None in a trial recorded before
+    tokens_per_s_q3: float | None = None
+    mfu: float | None = None  # median of the rows' MFU, when they have one to show
+    mfu_peak_tflops: float | None = None  # the peak it is against; None in a trial recorded before it was kept
     peak_gib: float | None = None
     measured_steps: int = 0
     wall_s: float = 0.0  # the trial's launch, start-up included
@@ -45,6 +49,13 @@ class Trial:
     @property
     def measured(self) -> bool:
         return self.fit == OK and self.tokens_per_s is not None
+
+    @property
+    def shown_mfu(self) -> float | None:
+        """The MFU to show: measured against a recorded peak, at most 100% (rundir/mfu_field.py)."""
+        if not self.measured or self.mfu_peak_tflops is None:
+            return None
+        return shown_mfu({"mfu": self.mfu, PEAK_KEY: self.mfu_peak_tflops})
 
 
 def warmup_steps(steps: int) -> int:
@@ -143,15 +154,21 @@ def classify_failure(run_dir: str, detail: str) -> tuple[str, str]:
 
 
 def measure(trial: Trial, run_dir: str, steps: int) -> None:
-    """Medians of the logged steps after the warm-up; failed when there are none."""
+    """Medians of the logged steps after the warm-up, and the quartiles of their tokens/s; failed when there are
+    none."""
     rows = [r for r in read_metrics(RunPaths(run_dir).metrics) if r.get("tokens_per_s") is not None]
     steady = [r for r in rows if r.get("step", 0) > warmup_steps(steps)]
     if not steady:
         trial.fit, trial.reason = FAILED, f"no step after the first {warmup_steps(steps)} was logged"
         return
-    trial.tokens_per_s = statistics.median(r["tokens_per_s"] for r in steady)
-    mfus = [r["mfu"] for r in steady if r.get("mfu") is not None]
+    speeds = [r["tokens_per_s"] for r in steady]
+    trial.tokens_per_s = statistics.median(speeds)
+    trial.tokens_per_s_q1, _, trial.tokens_per_s_q3 = (
+        statistics.quantiles(speeds, n=4, method="inclusive") if len(speeds) > 1 else speeds * 3)
+    shown = [(shown_mfu(r), r.get(PEAK_KEY)) for r in steady]
+    mfus = [mfu for mfu, _ in shown if mfu is not None]
     trial.mfu = statistics.median(mfus) if mfus else None
+    trial.mfu_peak_tflops = next((peak for mfu, peak in shown if mfu is not None), None)
     mems = [r["mem_gib"] for r in rows if r.get("mem_gib") is not None]
     trial.peak_gib = max(mems) if mems else None
     trial.measured_steps = len(steady)

@@ -16,7 +16,8 @@ def make_run(tmp_path: Path, *overrides: str, steps: int = 4, statuses: dict | N
     (run_dir / "logs").mkdir(parents=True)
     cfg = compose_config([f"run.dir={run_dir}", "train.max_steps=4", *overrides])
     (run_dir / "config.yaml").write_text(to_yaml(cfg))
-    rows = [{"step": s, "loss": 5.0 - s / 4, "tokens_per_s": 1000.0 + s, "mfu": 0.125, "elapsed_s": 2.5 * s}
+    rows = [{"step": s, "loss": 5.0 - s / 4, "tokens_per_s": 1000.0 + s, "mfu": 0.125, "peak_tflops": 8.0,
+             "elapsed_s": 2.5 * s}
             for s in range(1, steps + 1)]
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows + [{"step": steps,
                                                                                            "val_loss": 3.9}]))

@@ -30,16 +30,17 @@ def _worker(rank: int, world_size: int, run_dir: str) -> int:
 def prepare_launch(run_dir: Path, *overrides: str, console: Console | None = None) -> int:
     """What `llmtrain launch run.dir=RUN_DIR OVERRIDES...` does before starting workers; the world size. What the
     launcher says meanwhile (the resume and what changed) goes to `console`."""
-    from llmtrain.config import compose_config
-    from llmtrain.launch.config_probes import validate_here
+    from llmtrain.launch.config_probes import compose_here, validate_here
     from llmtrain.launch.run import check_resume, prepare_data, prepare_run_dir
     from llmtrain.parallel.layout import ParallelDims
 
-    cfg = compose_config([f"run.dir={run_dir}", *overrides])
+    origins: dict[str, str] = {}
+    cfg = compose_here([f"run.dir={run_dir}", *overrides], origins=origins)
     validate_here(cfg)
     cfg.run.dir = os.path.abspath(cfg.run.dir)
     prepare_data(cfg)
-    check_resume(cfg, console or Console(quiet=True))  # the launcher's refusals; the worker resolves the resume itself
+    # The launcher's refusals; the worker resolves the resume itself.
+    check_resume(cfg, console or Console(quiet=True), origins)
     prepare_run_dir(cfg)
     return ParallelDims.from_config(cfg).world_size
 

@@ -44,15 +44,26 @@ def group_of(item: pytest.Item) -> str:
     return group_of_nodeid(item.nodeid)
 
 
+MISPLACED = pytest.StashKey[str]()
+
+
 def check_cluster_modules(items: list[pytest.Item]) -> None:
     """A `cluster` test outside a `test_cluster_*.py` module would run on any worker and meet the cluster already
-    up on another: refuse the run at collection, naming the test."""
+    up on another; a test inside one that is not marked would hold the cluster's worker for nothing. Each such test
+    fails at set-up with one line saying so (an error raised at collection on an xdist worker reaches the user only
+    as xdist's internal error, without its words)."""
     for item in items:
         in_module = group_of(item) == CLUSTER_GROUP
         if (item.get_closest_marker("cluster") is not None) != in_module:
             where = "is marked cluster outside" if not in_module else "is not marked cluster inside"
-            raise pytest.UsageError(f"{item.nodeid} {where} a {CLUSTER_MODULE_PREFIX}*.py module: the two-node "
-                                    f"cluster's tests must share one module name prefix so one worker runs them all")
+            item.stash[MISPLACED] = (f"{item.nodeid} {where} a {CLUSTER_MODULE_PREFIX}*.py module: the two-node "
+                                     f"cluster's tests must share one module name prefix so one worker runs them all")
+
+
+def refuse_misplaced(item: pytest.Item) -> None:
+    """At a test's set-up, before its fixtures (the cluster's among them) start."""
+    if MISPLACED in item.stash:
+        pytest.fail(item.stash[MISPLACED], pytrace=False)
 
 
 def order_groups(config: pytest.Config, items: list[pytest.Item]) -> None:

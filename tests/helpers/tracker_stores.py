@@ -1,10 +1,19 @@
-"""Reading what W&B (offline) and MLflow (local store) recorded, and the environment that keeps them local."""
+"""Reading what W&B (offline) and MLflow (local store) recorded, the environment that keeps them local, and
+tracking URIs whose schemes MLflow takes or not."""
 
 from __future__ import annotations
 
 import json
 import struct
 from pathlib import Path
+
+# logging.mlflow_tracking_uri values MLflow's client tracks to, and ones it has no tracking store for.
+MLFLOW_ACCEPTED = ("databricks", "databricks://my-profile", "postgresql://u@db:5432/mlflow",
+                   "postgresql+psycopg2://u@db/mlflow", "mysql+pymysql://u@db/mlflow", "mssql+pyodbc://u@db/mlflow",
+                   "sqlite+pysqlite:///tmp/x.db", "HTTP://tracker:5000", "mlruns", "/tmp/mlruns",
+                   "file:///tmp/mlruns")
+MLFLOW_REFUSED = ("ftp://nowhere", "s3://bucket/mlruns", "postgres://db/mlflow", "postgresql+a+b://db/mlflow",
+                  "databricks-uc", "uc:http://localhost:8080")
 
 
 def _wandb_records(path: Path):

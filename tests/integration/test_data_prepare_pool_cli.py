@@ -57,7 +57,7 @@ def test_summary_line_in_a_pipe(tmp_path):
     line = result.stdout.strip()
     assert re.fullmatch(
         rf"wrote {size:,} tokens \(uint16, vocab 256, byte-level\) from 4 file\(s\) to {re.escape(str(out))}:"
-        rf"( [\d,]+ documents \(mean [\d,]+ tokens\),)? {size / 1e6:.1f} MB in \d+\.\d s "
+        rf"( [\d,]+ documents \(mean [\d,]+ tokens\),)? {size / 1e6:.1f} MB of text in \d+\.\d s "
         rf"\([\d,.]+ MB/s, 2 workers\)", line), line
 
 
@@ -85,7 +85,7 @@ def test_ctrl_c_mid_run_with_workers_leaves_nothing(tmp_path, tokenizer):
     deadline = time.monotonic() + 120
     workers = []
     while time.monotonic() < deadline and proc.poll() is None:
-        parts = [d for d in out_dir.iterdir() if d.name.startswith(".o.bin.parts-")]
+        parts = [d for d in out_dir.iterdir() if d.name.startswith(".o.bin.prepare-") and ".parts-" in d.name]
         if parts and any(parts[0].iterdir()):
             workers = parent.children(recursive=True)
             break
@@ -99,6 +99,40 @@ def test_ctrl_c_mid_run_with_workers_leaves_nothing(tmp_path, tokenizer):
     assert (out_dir / "o.bin").read_bytes() == b"old"
     gone, alive = psutil.wait_procs(workers, timeout=10)
     assert alive == []
+
+
+@pytest.mark.slow
+def test_a_prepare_killed_by_sigkill_leaves_temps_the_next_one_removes(tmp_path, tokenizer):
+    corpus = write_corpus(tmp_path / "in", files=12, words=200_000)
+    out = tmp_path / "out" / "o.bin"
+    cmd = [sys.executable, "-m", "llmtrain", "data", "prepare", "--input", str(corpus), "--output", str(out),
+           "--tokenizer", tokenizer, "--workers", "2"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:  # killed once tokens were appended
+        with contextlib.suppress(OSError):  # the temp token file (whatever its name) holds tokens
+            if any(p.stat().st_size for p in out.parent.glob(".o.bin.*.tmp")):
+                break
+        time.sleep(0.05)
+    proc.kill()  # kill -9 of the command: its workers die with it
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, "the run ended before it could be killed"
+    left = sorted(p.name for p in out.parent.iterdir())
+    assert len(left) == 2 and not out.exists(), left  # the token file being written, the part files' folder
+    size = sum(p.stat().st_size for d in out.parent.iterdir() for p in ([d] if d.is_file() else d.iterdir()))
+
+    # One input file this time: the second prepare is quick.
+    result = run_cli(["data", "prepare", "--input", str(corpus / "doc000.txt"), "--output", str(out),
+                      "--tokenizer", tokenizer, "--workers", "2"])
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    removed = ", ".join(str(out.parent / name) for name in left)
+    assert lines[0] == f"removed leftovers of an interrupted prepare: {removed} ({size / 1e6:,.1f} MB)"
+    assert lines[1].startswith(f"wrote {out.stat().st_size // 2:,} tokens") and len(lines) == 2
+    assert sorted(p.name for p in out.parent.iterdir()) == ["o.bin", "o.bin.json"]
+    single = tmp_path / "single.bin"
+    prepare_corpus([str(corpus / "doc000.txt")], str(single), tokenizer=tokenizer)
+    assert out.read_bytes() == single.read_bytes()
 
 
 def test_progress_bar_on_a_terminal(tmp_path):
@@ -116,5 +150,5 @@ def test_progress_bar_on_a_terminal(tmp_path):
     os.close(leader)
     stdout, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0
-    assert b"tokenizing" in shown and b"3/3 files" in shown and b"MB/s" in shown, shown
+    assert b"tokenizing" in shown and b"3/3 files" in shown and re.search(rb"[\d.]+ [kM]B/s", shown), shown
     assert stdout.decode().startswith("wrote ")

@@ -44,7 +44,7 @@ def _launch(run_dir: Path, *overrides: str, hang: str | None = None) -> subproce
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", [BLOCK_DATA, SLEEP_IN_STEP, SKIP_COLLECTIVE])
-def test_an_injected_hang_gets_its_verdict_and_evidence(tmp_path, kind):
+def test_an_injected_hang_gets_its_verdict_and_evidence(tmp_path, kind, capsys):
     run_dir = tmp_path / "run"
     result = _launch(run_dir, *TRIAGE, "train.max_steps=1000", hang=f"{kind}:{HANG_STEP}:1")
     out = result.stdout + result.stderr
@@ -74,6 +74,8 @@ def test_an_injected_hang_gets_its_verdict_and_evidence(tmp_path, kind):
     launches = json.loads((run_dir / "job.json").read_text())["launches"]
     assert launches[-1]["exit_code"] == 1 and launches[-1]["hang"] == verdicts[0]
     assert not worker_processes(run_dir)
+    assert main(["status", str(run_dir)]) == 0  # the verdict is the job's state, not "the launcher exited 1"
+    assert f"state       failed: {verdicts[0].removeprefix('llmtrain: ')}\n" in capsys.readouterr().out
 
 
 @pytest.mark.slow

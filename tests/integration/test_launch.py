@@ -49,7 +49,13 @@ def test_run_directory_layout(reference, tmp_path):
     for key in ("step", "loss", "lr", "grad_norm", "tokens_per_s"):
         assert all(isinstance(r[key], (int, float)) for r in train), key
     assert [r["step"] for r in rows if "val_loss" in r] == [2, 4]
-    assert "step      4/4" in (run_dir / "logs" / "rank0.log").read_text()
+    log = (run_dir / "logs" / "rank0.log").read_text().splitlines()
+    assert "step      4/4" in "\n".join(log)
+    # A CPU has no known peak: no MFU in the rows or the step lines, and one line saying why.
+    assert [line for line in log if "MFU" in line] == [
+        "llmtrain: MFU not shown: no known peak for this CPU; give its dense peak with "
+        "+hardware.peak_tflops.float32=<TFLOPS> to show it"]
+    assert not any("mfu" in r for r in rows)
 
 
 def test_dry_run_starts_nothing(tmp_path):

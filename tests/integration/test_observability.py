@@ -19,10 +19,11 @@ ONE = [*SMALL, "cluster.nproc_per_node=1", "train.global_batch_size=8", "train.m
 def test_metrics_tensorboard_profile_and_report(tmp_path):
     run_dir = tmp_path / "run"
     rows = train_in_process(run_dir, *ONE, "train.max_steps=5", "logging.tensorboard=true", "profile.steps=[2,3]",
-                            "hardware=cpu")
+                            "hardware=cpu", "+hardware.peak_tflops.float32=100")
     train = [r for r in rows if "loss" in r]
-    assert all(0 < r["mfu"] < 1 and r["tflops"] > 0 for r in train)
-    # MFU is achieved model FLOPs over the same peak: recompute it from the row's own numbers.
+    # MFU is achieved model FLOPs over the peak the user gave, recorded beside it.
+    assert all(r["tflops"] > 0 and r["peak_tflops"] == 100.0 and r["mfu"] == pytest.approx(r["tflops"] / 100)
+               for r in train)
     events = EventAccumulator(str(next((run_dir / "tensorboard").glob("events.out.tfevents.*"))))
     events.Reload()
     loss = {e.step: e.value for e in events.Scalars("train/loss")}
@@ -32,6 +33,7 @@ def test_metrics_tensorboard_profile_and_report(tmp_path):
     assert trace["traceEvents"], "empty profiler trace"
     result = run_cli(["report", str(run_dir)])
     assert result.returncode == 0, result.stderr
+    assert "MFU (median)" in result.stdout and "MFU not shown" not in result.stdout
     for name in ("loss.png", "lr.png", "throughput.png"):
         assert (run_dir / "report" / name).read_bytes()[:4] == b"\x89PNG"
 

@@ -44,6 +44,8 @@ def skip_reason(argv: list[str]) -> str | None:
     """Why a command that parses is not also run here (None: it runs)."""
     if argv[:1] in (["status"], ["follow"], ["cancel"], ["report"], ["compare"], ["ckpt"]):
         return "needs a run directory with a job or checkpoints: tests/integration/test_jobs.py, test_report.py, test_checkpoint.py"
+    if argv[:1] in (["generate"], ["eval"]):
+        return "needs a checkpoint: tests/integration/test_inference_cli.py runs both on checkpoints and run directories"
     if argv[:1] == ["doctor"]:
         return "starts a job on every node of the cluster: tests/integration/test_doctor.py"
     if argv[:1] == ["tune"]:

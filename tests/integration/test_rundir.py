@@ -114,6 +114,38 @@ def test_overwrite_moves_the_earlier_run_aside_and_deletes_nothing(finished, tmp
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-0000002", "step-0000003"]
 
 
+def _files(run_dir: Path) -> dict:
+    return {str(p.relative_to(run_dir)): (p.stat().st_size, p.stat().st_mtime_ns) for p in run_dir.rglob("*")
+            if p.is_file()}
+
+
+def test_a_finished_run_relaunched_answers_before_any_worker_starts(finished, tmp_path, capsys):
+    from llmtrain.cli import main
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished, run_dir)
+    before = _files(run_dir)
+    started = time.monotonic()
+    assert main(["launch", f"run.dir={run_dir}", *TINY, "checkpoint.interval=2"]) == 0
+    took = time.monotonic() - started
+    out = capsys.readouterr().out
+    assert out.splitlines()[-1] == "llmtrain: nothing to do: already at step 4 (train.max_steps=4)", out
+    assert "resuming from" in out and "ranks (dp=" not in out  # no start line: no job
+    # No torchrun: no rank log or status written, no launch recorded in job.json, nothing else touched.
+    assert _files(run_dir) == before and not (run_dir / "job.json").exists()
+    assert took < 5, took  # a torchrun start alone takes ~10 s
+
+
+@pytest.mark.slow
+def test_a_finished_run_given_more_steps_trains_them(finished, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished, run_dir)
+    result = run_cli(["launch", f"run.dir={run_dir}", *TINY, "checkpoint.interval=2", "train.max_steps=6"])
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "nothing to do" not in result.stdout and "train.max_steps: 4 -> 6" in result.stdout
+    assert [r["step"] for r in read_rows(run_dir) if "loss" in r][-2:] == [5, 6]
+
+
 # ---- one job per run directory -------------------------------------------------------------------------------
 def _start(run_dir, *overrides):
     return subprocess.Popen([sys.executable, "-m", "llmtrain", "launch", f"run.dir={run_dir}", *overrides],

@@ -237,7 +237,8 @@ def fake_run(run_dir: Path, overrides: list[str], losses: list[float], val: floa
 
     run_dir.mkdir(parents=True)
     (run_dir / "config.yaml").write_text(to_yaml(compose_config([f"run.dir={run_dir}", *overrides])))
-    rows = [{"step": s, "loss": loss, "tokens_per_s": 1000.0 * s, "mfu": 0.01 * s, "tokens": s * tokens_per_step}
+    rows = [{"step": s, "loss": loss, "tokens_per_s": 1000.0 * s, "mfu": 0.01 * s, "peak_tflops": 1.0,
+             "tokens": s * tokens_per_step}
             for s, loss in enumerate(losses, 1)]
     if val is not None:
         rows.append({"step": len(losses), "val_loss": val})

@@ -56,7 +56,7 @@ def test_local_sweep_runs_every_combination_resumes_and_compares(tmp_path):
         assert len(json.loads((sweep / r["dir"] / "job.json").read_text())["launches"]) == 1
     assert "torch.distributed.run" not in again.stdout and "4 finished (4 skipped: finished before)" in again.stdout
 
-    compared = run_cli(["compare", str(sweep)])
+    compared = run_cli(["compare", str(sweep)], cwd=tmp_path)  # its plot goes into the current folder
     assert compared.returncode == 0, compared.stderr
     rows = table_rows(compared.stdout)
     expected = []
@@ -68,7 +68,7 @@ def test_local_sweep_runs_every_combination_resumes_and_compares(tmp_path):
                                     fmt_loss(best_val)]))
     assert [row[:5] for row in rows] == [cells for _, cells in sorted(expected, key=lambda e: e[0])]
     assert all(row[-1] == "3/3" for row in rows)
-    assert (sweep / "compare.png").read_bytes()[:8] == PNG_MAGIC
+    assert (tmp_path / "compare.png").read_bytes()[:8] == PNG_MAGIC and not (sweep / "compare.png").exists()
 
 
 @pytest.mark.slow

@@ -55,6 +55,35 @@ def test_an_mlflow_store_that_cannot_take_the_run_is_refused_before_launch(tmp_p
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "kept"]
 
 
+def test_a_scheme_mlflow_cannot_track_to_is_refused_before_launch(tmp_path, capsys):
+    err = _refused(capsys, tmp_path, "logging.mlflow_tracking_uri=ftp://nowhere")
+    assert err == ("llmtrain: error: logging.mlflow_tracking_uri: MLflow has no tracking store for the scheme ftp: "
+                   "of ftp://nowhere; it tracks to a path or file://, http:// or https://, databricks, or a database "
+                   "(sqlite://, postgresql://, mysql://, mssql://, each with an optional +driver); fix the URI "
+                   f"{OFF}\n")
+
+
+def test_the_schemes_checked_are_the_ones_mlflow_tracks_to():
+    """untrackable_scheme agrees with MLflow's own registry of tracking stores (its Unity Catalog entries refuse
+    to track, with an error of their own)."""
+    pytest.importorskip("mlflow", reason="the mlflow extra is not installed")
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking._tracking_service.utils import _get_databricks_uc_rest_store, _tracking_store_registry
+
+    from helpers.tracker_stores import MLFLOW_ACCEPTED, MLFLOW_REFUSED
+
+    from llmtrain.train.trackers.stores import untrackable_scheme
+
+    def mlflow_tracks_to(uri: str) -> bool:
+        try:
+            return _tracking_store_registry.get_store_builder(uri) is not _get_databricks_uc_rest_store
+        except MlflowException:
+            return False
+
+    for uri in MLFLOW_ACCEPTED + MLFLOW_REFUSED:
+        assert (untrackable_scheme(uri) is None) == mlflow_tracks_to(uri), uri
+
+
 class _Fake(Tracker):
     def __init__(self, name: str, start_s: float = 0.0):
         self.name = self.title = name

@@ -1,7 +1,8 @@
 """`llmtrain tune` on 2 CPU ranks: one tune of six layouts (four measured, one that cannot fit the memory it is
 given, one whose launch fails; --no-refine) and a layout the tune did not measure launched to check that the
 calibrated plan estimates it better than the uncalibrated one did; then the same command again with --launch (every
-trial reused, the winner launched). Then one tune of the top layout with its second round (+compile, +fused)."""
+trial reused, the winner launched). Then one tune of the top layout with its second round (+compile, +fused), whose
+refinements win only beyond the trials' noise."""
 
 from __future__ import annotations
 
@@ -92,12 +93,17 @@ def trial(tuned, name: str) -> dict:
 
 
 def table(out: str) -> dict[str, list[str]]:
-    """The tune table's rows by layout: [est. tokens/s, tokens/s, MFU, peak GiB, measured/est., fit]."""
-    rows = {}
+    """The tune table's rows by layout: [est. tokens/s, tokens/s, MFU, peak GiB, measured/est., fit] ("-" for a
+    column the table has not), read by its header."""
+    names = ["est. tokens/s", "tokens/s", "MFU", "peak GiB", "measured/est.", "fit"]
+    header, rows = None, {}
     for line in out.splitlines():
+        if line.startswith("┃") and "layout" in line:
+            header = [c.strip() for c in line.strip().strip("┃").split("┃")]
         cells = [c.strip() for c in line.strip().strip("│").split("│")]
-        if len(cells) == 7 and cells[0].startswith("dp"):
-            rows[cells[0]] = cells[1:]
+        if header and len(cells) == len(header) and cells[0].startswith("dp"):
+            by_name = dict(zip(header, cells))
+            rows[cells[0]] = [by_name.get(name, "-") for name in names]
     return rows
 
 
@@ -194,7 +200,7 @@ def test_calibration_brings_an_unmeasured_layout_closer_to_its_measurement(tuned
     assert "note: step time calibrated from 4 trials on cpu, " in plan.stdout
 
 
-def test_the_second_round_measures_compile_and_the_fused_optimizer_and_the_fastest_of_all_wins(tmp_path):
+def test_the_second_round_measures_compile_and_the_fused_optimizer_and_wins_only_beyond_the_noise(tmp_path):
     tune_dir = tmp_path / "refined"
     result = run_cli(["tune", *BASE, f"run.dir={tune_dir}", "--top", "1", "--steps", "4"], cwd=tmp_path,
                      env={"LLMTRAIN_CACHE": str(tmp_path / "cache")}, timeout=1500)
@@ -209,7 +215,11 @@ def test_the_second_round_measures_compile_and_the_fused_optimizer_and_the_faste
     for name, record in saved.items():
         assert record["fit"] == "ok" and rows[name][1] == f"{record['tokens_per_s']:,.0f}", (name, rows[name])
         assert rows[name][0] == rows[layout][0]  # the estimate is the layout's
-    best = max(saved, key=lambda name: saved[name]["tokens_per_s"])
+    # A refinement wins only when faster than the layout by more than both trials' q1-q3 spreads.
+    spread = {name: r["tokens_per_s_q3"] - r["tokens_per_s_q1"] for name, r in saved.items()}
+    beyond = [name for name in saved if name != layout and saved[name]["tokens_per_s"] - saved[layout]["tokens_per_s"]
+              > max(spread[name], spread[layout])]
+    best = max(beyond, key=lambda name: saved[name]["tokens_per_s"]) if beyond else layout
     assert f"llmtrain: tune: fastest measured: {best} (" in result.stdout
     option = (tune_dir / "best" / "parallel" / "tuned.yaml").read_text()
     assert f"  compile: {str(best.endswith('+compile')).lower()}\n" in option

@@ -21,6 +21,7 @@ spec.loader.exec_module(suite)
 pytest_collection_modifyitems = suite.pytest_collection_modifyitems
 pytest_xdist_make_scheduler = suite.pytest_xdist_make_scheduler
 pytest_xdist_node_collection_finished = suite.pytest_xdist_node_collection_finished
+pytest_runtest_setup = suite.pytest_runtest_setup
 """
 
 RECORDING_TEST = """
@@ -65,10 +66,14 @@ def test_modules_and_the_cluster_modules_each_run_on_one_worker(tmp_path):
     assert len(set().union(*workers.values())) == 3  # the work was still spread over the three workers
 
 
-def test_a_cluster_test_outside_a_cluster_module_is_refused_at_collection(tmp_path):
-    _tree(tmp_path, {"test_m1": "\nimport pytest\npytestmark = pytest.mark.cluster"})
-    result = _pytest(tmp_path, "-n", "0")
-    assert result.returncode == 4, result.stdout + result.stderr
-    assert ("ERROR: test_m1.py::test_0 is marked cluster outside a test_cluster_*.py module: the two-node cluster's "
-            "tests must share one module name prefix so one worker runs them all") in result.stderr
-    assert not (tmp_path / "log").exists()
+def test_a_cluster_test_outside_a_cluster_module_fails_naming_itself(tmp_path):
+    _tree(tmp_path, {"test_m1": "\nimport pytest\npytestmark = pytest.mark.cluster", "test_cluster_a": ""})
+    result = _pytest(tmp_path, "-n", "2", "-rE")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "6 errors" in result.stdout, result.stdout
+    lines = result.stdout.splitlines()
+    assert ("test_m1.py::test_0 is marked cluster outside a test_cluster_*.py module: the two-node "
+            "cluster's tests must share one module name prefix so one worker runs them all") in lines, result.stdout
+    assert ("test_cluster_a.py::test_2 is not marked cluster inside a test_cluster_*.py module: the "
+            "two-node cluster's tests must share one module name prefix so one worker runs them all") in lines
+    assert not (tmp_path / "log").exists()  # no test body ran

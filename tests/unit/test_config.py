@@ -24,12 +24,13 @@ def test_defaults_compose_to_the_embedded_default():
     assert (cfg.model.n_layers, cfg.model.n_heads, cfg.model.d_model, cfg.model.vocab_size) == (4, 4, 128, 256)
     # dp defaults to world / (tp * pp)
     assert cfg.parallel.dp == cfg.cluster.nnodes * cfg.cluster.nproc_per_node == 2
-    assert cfg.train.global_batch_size == 16  # micro 8 x dp 2
+    assert (cfg.train.global_batch_size, cfg.train.micro_batch_size) == (16, 8)  # 1 micro-batch per dp rank
 
 
-def test_global_batch_default_fills_the_pipeline():
+def test_default_micro_batch_fills_the_pipeline_of_the_default_global_batch():
     cfg = compose("model=gpt-1.3b", "parallel.tp=2", "parallel.pp=2", "cluster.nproc_per_node=8")
-    assert (cfg.parallel.dp, cfg.train.global_batch_size) == (2, 8 * 2 * 4)
+    # 16 samples over dp=2: 8 per rank, in 2 x pp = 4 micro-batches of 2.
+    assert (cfg.parallel.dp, cfg.train.global_batch_size, cfg.train.micro_batch_size) == (2, 16, 2)
 
 
 @pytest.mark.parametrize("name,layers,width,heads", [
@@ -84,8 +85,9 @@ BAD_INPUTS = [
     (["precision=fp4"], "precision"),                                         # missing group option
     (["parallel.tp=3", "cluster.nproc_per_node=3"], "parallel.tp"),           # tp does not divide heads
     (["model.d_model=130"], "model.d_model"),                                 # width not divisible by heads
-    (["train.global_batch_size=12"], "train.global_batch_size"),              # batch arithmetic (8 x 2)
-    (["parallel.pp=2", "train.global_batch_size=8"], "train.global_batch_size"),  # 1 micro-batch < pp
+    (["train.global_batch_size=12", "train.micro_batch_size=8"], "train.global_batch_size"),  # 12 / (8 x 2)
+    (["parallel.pp=2", "train.global_batch_size=8", "train.micro_batch_size=8"],
+     "train.global_batch_size"),                                              # 1 micro-batch < pp
     (["parallel.dp=4"], "parallel.dp"),                                       # world size mismatch
     (["parallel.pp=2", "model.n_layers=3"], "parallel.pp"),                   # layers by pp
     (["data=memmap", "data.path=/nonexistent/tokens.bin"], "data.path"),      # missing data file

@@ -101,3 +101,35 @@ def test_a_set_up_failure_that_would_leave_no_node_is_not_requeued(tmp_path, slu
     entry = read_ledger(run_dir)["hosts"][host]
     assert entry["startup"] == 1 and entry["last"][-1]["detail"] == \
         "cluster.setup line 1 (false) exited with status 1"
+
+
+SETUP_LINE = """srun bash -c '[ "$(hostname)" != node2 ]'"""
+
+
+@pytest.mark.parametrize("failed_on", [["node2"], ["node2", "node1"]])
+def test_a_set_up_line_run_by_srun_is_blamed_on_the_nodes_srun_names(tmp_path, slurm, monkeypatch, capsys,
+                                                                    failed_on):
+    run_dir = _run_dir(tmp_path)
+    log = ROOT_CAUSE.replace("node2", "node1").format(restart=0)  # an earlier start, which failed on node1
+    log += "llmtrain: requeueing job 12 to start again from the newest checkpoint\n"
+    log += "llmtrain: cluster.setup on node1 (job 12, restart 1)\n"  # the batch shell runs on node1
+    log += "".join(f"srun: error: {host}: task {n}: Exited with exit code 1\n" for n, host in enumerate(failed_on))
+    log += f"llmtrain: node set-up failed: cluster.setup line 1 ({SETUP_LINE}) exited with status 1\n"
+    (tmp_path / "logs" / "slurm-12.out").write_text(log)
+    monkeypatch.setenv("SLURM_JOB_ID", "12")
+    monkeypatch.setenv("LLMTRAIN_SETUP_FAILED", "1")
+    monkeypatch.setattr(socket, "gethostname", lambda: "node1")
+    assert slurm_job_end.main([run_dir, "1", "30", "0", "0"]) == 1
+    detail = f"cluster.setup line 1 ({SETUP_LINE}) exited with status 1"
+    hosts = read_ledger(run_dir)["hosts"]
+    assert sorted(hosts) == sorted(failed_on)
+    assert all(hosts[h]["startup"] == 1 and hosts[h]["last"][-1]["detail"] == detail for h in failed_on)
+    # With cluster.requeue: requeued without the failed hosts, while the partition has a node left for it.
+    assert slurm_job_end.main([run_dir, "1", "30", "1", "0"]) == (0 if failed_on == ["node2"] else 1)
+    said = capsys.readouterr().out.splitlines()
+    assert said[0] == f"llmtrain: this start failed (start-up failure on {', '.join(failed_on)}: {detail})"
+    if failed_on == ["node2"]:
+        assert said[1] == f"llmtrain: requeue excludes node2 (2 start-up failures: {detail})"
+    else:
+        assert said[1] == ("llmtrain: not requeued: excluding node9,node1,node2 would leave 0 of the partition's "
+                           "3 node(s) for cluster.nnodes=1")

@@ -107,7 +107,7 @@ def test_summary_reports_documents_notes_and_bad_lines(tmp_path, monkeypatch, ca
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "followed 1 symlink"
     assert lines[1].startswith(f"wrote {tokens:,} tokens (uint16, vocab 256, byte-level) from 2 file(s) to {out}: "
-                               f"4 documents (mean {tokens / 4:.0f} tokens), 0.0 MB in ")
+                               f"4 documents (mean {tokens / 4:.0f} tokens), 0.0 MB of text in ")
     a = corpus / "doc000.txt"  # the first 3 examples overall
     assert lines[2:] == ["skipped 6 malformed line(s), e.g.:", f"  {a}:4: not valid JSON", f"  {a}:7: not valid JSON",
                          f"  {a}:9: not valid JSON"]

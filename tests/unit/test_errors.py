@@ -17,9 +17,9 @@ from llmtrain import errors
 from llmtrain.checkpoint import store
 from llmtrain.cli import main
 from llmtrain.console import error_line, fail, get_console, plain, say
-from llmtrain.errors import (EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED, EXIT_USAGE, CancelError,
-                             CheckpointError, CheckpointUsageError, ConfigError, DataError, KeyedError, LlmtrainError,
-                             VerifyError)
+from llmtrain.errors import (EXIT_FAILED, EXIT_HANGUP, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED, EXIT_USAGE,
+                             CancelError, CheckpointError, CheckpointUsageError, ConfigError, DataError, KeyedError,
+                             LlmtrainError, StorageError, VerifyError)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,6 +32,7 @@ EXPECTED_CODES = {
     CheckpointError: EXIT_FAILED,
     VerifyError: EXIT_FAILED,
     CancelError: EXIT_FAILED,
+    StorageError: EXIT_FAILED,
 }
 
 
@@ -44,7 +45,8 @@ def test_every_error_carries_its_code():
 
 
 def test_the_codes_are_the_documented_ones():
-    assert (EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_PREEMPTED) == (0, 1, 2, 130, 143)
+    assert (EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_HANGUP, EXIT_INTERRUPTED, EXIT_PREEMPTED) == (0, 1, 2, 129, 130,
+                                                                                                 143)
     text = (ROOT / "docs" / "guarantees.md").read_text()
     section = text.split("## Exit codes", 1)[1].split("\n## ", 1)[0]
     rows = re.findall(r"^\| (\d+) \| ([^|]+?)[:|]", section, flags=re.M)
@@ -52,7 +54,7 @@ def test_the_codes_are_the_documented_ones():
     constants = {value: name for name, value in vars(errors).items() if name.startswith("EXIT_")}
     assert sorted(documented) == sorted(constants)
     assert documented == {EXIT_OK: "done", EXIT_FAILED: "failed", EXIT_USAGE: "bad input",
-                          EXIT_INTERRUPTED: "interrupted", EXIT_PREEMPTED: "preempted"}
+                          EXIT_HANGUP: "hung up", EXIT_INTERRUPTED: "interrupted", EXIT_PREEMPTED: "preempted"}
 
 
 def test_keyed_errors_print_key_and_message_and_keep_both():

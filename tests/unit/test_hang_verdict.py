@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from llmtrain.launch.supervision.hang_verdict import (IN_BACKWARD, IN_COLLECTIVE, IN_DATA, IN_OPTIMIZER, SLEEPING,
-                                                      UNKNOWN, classify, main_thread_frames, verdict)
+                                                      UNKNOWN, classify, main_thread_frames, stack_summary, verdict)
 
 DP = [0, 1, 2, 3]
 
@@ -104,6 +104,17 @@ def test_classification_of_stacks():
     assert classify(frames(("/src/x.py", "f")), source=lambda f, n: "    x = 1\n") == UNKNOWN
     assert classify(main_thread_frames(DATA_STACK)) == IN_DATA
     assert classify([]) == UNKNOWN
+
+
+def test_the_wait_timers_wrappers_are_not_where_a_rank_is():
+    # A synchronous all_reduce waits on its work handle, whose wait() straggler detection times: a wrapper innermost.
+    waiting = [("/src/llmtrain/train/collective_wait.py", 60, "wrapper"),
+               ("/py/torch/distributed/distributed_c10d.py", 3252, "all_reduce"),
+               ("/src/llmtrain/train/collective_wait.py", 64, "wrapper"),
+               ("/src/llmtrain/train/collective_trace.py", 99, "wrapper"),
+               ("/src/llmtrain/train/trainer.py", 290, "global_mean_loss")]
+    assert classify(waiting) == IN_COLLECTIVE
+    assert stack_summary(waiting) == "all_reduce (distributed_c10d.py:3252) < global_mean_loss (trainer.py:290)"
 
 
 def test_the_main_thread_is_the_one_not_started_by_threading():

@@ -183,10 +183,34 @@ def test_auto_on_a_t4_refuses_bf16(monkeypatch):
     assert _resolve("precision=fp16")["peak_tflops"] == 65.0
 
 
-def test_auto_with_the_cpu_measures_it(monkeypatch):
+def test_auto_with_the_cpu_has_no_peak_unless_given(monkeypatch):
+    """A CPU's peak is not measured at start-up (it swings with the load): none, unless the user gives one."""
     monkeypatch.setattr(hardware, "device_name", lambda device_type=None: None)
+    monkeypatch.setattr(hardware, "measured_cpu_tflops", lambda: pytest.fail("a CPU peak was measured"))
     hw = _resolve("precision=bf16")
-    assert hw["name"] == "cpu" and hw["device"] is None and hw["peak_tflops"] > 0 and hw["memory_gib"] > 0
+    assert hw["name"] == "cpu" and hw["device"] is None and hw["peak_tflops"] is None and hw["memory_gib"] > 0
+    assert hardware.missing_peak(hw, "bfloat16") == (
+        "no known peak for this CPU; give its dense peak with +hardware.peak_tflops.bfloat16=<TFLOPS> to show it")
+    assert _resolve("precision=bf16", "+hardware.peak_tflops.bfloat16=0.2")["peak_tflops"] == 0.2
+
+
+def test_a_cpu_plan_is_timed_at_its_measured_matmul_speed_without_mfu(monkeypatch):
+    monkeypatch.setattr(hardware, "measured_cpu_tflops", lambda: 0.5)
+    plan = plan_for(compose_config(["hardware=cpu"]))
+    assert plan.mfu is None and plan.hardware["measured_tflops"] == 0.5
+    assert "step time assumes matmuls at 50% of this CPU's matmul speed measured now (0.5 TFLOPS), TP/PP " \
+        "transfers exposed, DP overlapped with backward" in plan.notes
+    given = plan_for(compose_config(["hardware=cpu", "+hardware.peak_tflops.float32=0.5"]))
+    assert given.step_time_s == pytest.approx(plan.step_time_s)
+    assert given.mfu == pytest.approx(given.flops_per_token * given.tokens_per_s / (0.5e12 * given.world_size))
+
+
+def test_a_peak_the_profile_lacks_is_added_with_plus(capsys):
+    from llmtrain.cli import main
+
+    assert main(["config", "hardware=cpu", "hardware.peak_tflops.float32=1.5"]) == 2
+    assert capsys.readouterr().err == ("llmtrain: error: hardware.peak_tflops.float32: not in this profile's peak "
+                                       "table: add it with +hardware.peak_tflops.float32=<TFLOPS> (with '+')\n")
 
 
 # ---- a real (CPU) training run on a simulated GPU ---------------------------------------------------------------
@@ -213,15 +237,34 @@ def test_training_on_an_unknown_gpu_reports_no_mfu(monkeypatch, tmp_path, one_ra
     _detected(monkeypatch, "NVIDIA L40")
     _trainer(["precision=fp32"], tmp_path).train()
     out = capsys.readouterr().out
-    warnings = [line for line in out.splitlines() if "warning" in line]
-    assert warnings == ["llmtrain: warning: MFU is not reported: no hardware profile matches this GPU (NVIDIA L40): "
-                        "give its dense peak with +hardware.peak_tflops.float32=<TFLOPS> (or choose a hardware= "
-                        "profile)"]
+    said = [line for line in out.splitlines() if "MFU" in line]
+    assert said == ["llmtrain: MFU not shown: no hardware profile matches this GPU (NVIDIA L40): give its dense peak "
+                    "with +hardware.peak_tflops.float32=<TFLOPS> (or choose a hardware= profile)"]
     steps = [line for line in out.splitlines() if line.startswith("step ")]
-    assert len(steps) == 2 and all(line.endswith(" ms/step | MFU -") for line in steps)
+    assert len(steps) == 2 and all(line.endswith(" ms/step") for line in steps)
     rows = read_rows(tmp_path)
     assert [r["step"] for r in rows] == [1, 2]
     assert all("mfu" not in r and r["tflops"] > 0 for r in rows)
+
+
+def test_training_on_the_cpu_shows_mfu_only_with_a_given_peak(tmp_path, one_rank, capsys):
+    from conftest import read_rows
+
+    for name in ("none", "given"):
+        (tmp_path / name).mkdir()
+    _trainer(["hardware=cpu", f"run.dir={tmp_path / 'none'}"], tmp_path / "none").train()
+    out = capsys.readouterr().out
+    assert [line for line in out.splitlines() if "MFU" in line] == [
+        "llmtrain: MFU not shown: no known peak for this CPU; give its dense peak with "
+        "+hardware.peak_tflops.float32=<TFLOPS> to show it"]
+    assert all("mfu" not in r and r["tflops"] > 0 for r in read_rows(tmp_path / "none"))
+    _trainer(["hardware=cpu", "+hardware.peak_tflops.float32=1000", f"run.dir={tmp_path / 'given'}"],
+             tmp_path / "given").train()
+    steps = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
+    rows = read_rows(tmp_path / "given")
+    assert [r["peak_tflops"] for r in rows] == [1000.0, 1000.0]
+    assert all(r["mfu"] == pytest.approx(r["tflops"] / 1000) for r in rows)
+    assert [line.rsplit(" | ", 1)[1] for line in steps] == [f"MFU {r['mfu']:.1%}" for r in rows]
 
 
 def test_training_with_bf16_on_a_t4_stops_at_start(monkeypatch, tmp_path, one_rank):

@@ -20,6 +20,7 @@ LAYERS = [
     ("model", "data"),
     ("parallel",),
     ("checkpoint", "plan"),
+    ("inference",),
     ("train",),
     ("launch", "worker"),
     ("jobs",),

@@ -120,7 +120,8 @@ def _fake_run(tmp_path):
         tps = 150.0 if step == 1 else 7000.0 + 37.0 * ((step * 7) % 13)  # the first row is the slow warm-up
         rows.append({"step": step, "loss": loss, "lr": 1e-3 * min(1.0, step / 5), "grad_norm": 1.0,
                      "tokens_per_s": tps, "step_time_s": 2048 / tps, "tokens": 2048 * step,
-                     "elapsed_s": 0.3 * step, "mem_gib": 0.4 + 0.001 * step, "tflops": 0.03, "mfu": 0.01})
+                     "elapsed_s": 0.3 * step, "mem_gib": 0.4 + 0.001 * step, "tflops": 0.03, "mfu": 0.01,
+                     "peak_tflops": 3.0})
         if step in (25, 50):
             rows.append({"step": step, "val_loss": loss + 0.1})
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -201,3 +202,59 @@ def test_report_not_a_run_dir(tmp_path):
     with pytest.raises(ConfigError, match="not a run directory: no metrics.jsonl") as info:
         run_report(_args([str(tmp_path)]))
     assert info.value.key == str(tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------------- compare
+
+def _compared_run(run_dir: Path, *overrides: str):
+    """A run directory as a launch leaves it (config.yaml, three logged steps), loaded as compare loads it."""
+    from llmtrain.report.compare import load_runs
+
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(to_yaml(compose_config([f"run.dir={run_dir}", *overrides])))
+    rows = [{"step": s, "loss": 5.0 - s, "tokens_per_s": 1000.0, "tokens": 1024 * s} for s in (1, 2, 3)]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run,), _ = load_runs([str(run_dir)])
+    return run
+
+
+def test_compare_shows_only_keys_whose_values_differ(tmp_path):
+    from llmtrain.report.compare import Run, differing_keys
+
+    plain = _compared_run(tmp_path / "a", "train.lr=0.001")
+    in_sweep = _compared_run(tmp_path / "b", "train.lr=0.002", "+env.LLMTRAIN_SWEEP_NAME=s")
+    assert plain.flat_config["env"] == {} and "env" not in in_sweep.flat_config
+    # `env: {}` against an env that holds only the sweep's name (bookkeeping, as run.dir is): only train.lr.
+    assert differing_keys([plain, in_sweep]) == ["train.lr"]
+    traced = _compared_run(tmp_path / "c", "train.lr=0.001", "+env.NCCL_DEBUG=INFO")
+    assert differing_keys([plain, in_sweep, traced]) == ["env.NCCL_DEBUG", "train.lr"]
+    # Unset, null and an empty mapping are one value.
+    runs = [Run(str(tmp_path / name), [], cfg=object()) for name in "xyz"]
+    for run, flat in zip(runs, ({"a": None, "b": 1}, {"a": {}, "b": 1}, {"b": 1})):
+        run.__dict__["flat_config"] = flat
+    assert differing_keys(runs) == []
+    runs[2].__dict__["flat_config"] = {"a": 0, "b": 1}
+    assert differing_keys(runs) == ["a"]
+
+
+def test_compare_writes_its_plot_where_asked_or_in_the_current_folder(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("matplotlib", reason="the plot extra is not installed")
+    from llmtrain.report.compare import add_compare_arguments, run_compare
+
+    parser = argparse.ArgumentParser()
+    add_compare_arguments(parser)
+    a, b = tmp_path / "a", tmp_path / "b"
+    _compared_run(a, "train.lr=0.001")
+    _compared_run(b, "train.lr=0.002")
+    here = tmp_path / "here"
+    (here / "plots").mkdir(parents=True)
+    monkeypatch.chdir(here)
+    assert run_compare(parser.parse_args([str(a), str(b)])) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "plot: compare.png"
+    assert (here / "compare.png").read_bytes()[:8] == PNG_SIGNATURE
+    assert not (a / "compare.png").exists() and not (b / "compare.png").exists()
+    assert run_compare(parser.parse_args([str(a), str(b), "--out", "plots"])) == 0  # a folder: compare.png in it
+    assert (here / "plots" / "compare.png").read_bytes()[:8] == PNG_SIGNATURE
+    assert run_compare(parser.parse_args([str(a), str(b), "--out", str(tmp_path / "ab.png")])) == 0
+    assert (tmp_path / "ab.png").read_bytes()[:8] == PNG_SIGNATURE
+    assert sorted(p.name for p in a.iterdir()) == ["config.yaml", "metrics.jsonl"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import stat
 from pathlib import Path
 
@@ -56,8 +57,10 @@ def test_a_failed_rename_leaves_the_old_content_and_no_temp_file(tmp_path, monke
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(atomic.os, "replace", full_disk)
-    with pytest.raises(OSError, match="No space left"):
+    # Named with the file it kept from being written, and still an OSError with its errno.
+    with pytest.raises(OSError, match=f"^no space left on device writing {re.escape(str(target))}$") as e:
         atomic_write_text(target, '{"wandb": "abc"}')
+    assert e.value.errno == 28
     assert target.read_bytes() == b"{}"
     assert os.listdir(tmp_path) == ["trackers.json"]
 

@@ -4,6 +4,8 @@ run by bash with a stand-in Python."""
 
 from __future__ import annotations
 
+import os
+import socket
 import subprocess
 
 import pytest
@@ -28,14 +30,18 @@ def test_a_failing_setup_line_ends_the_start_through_the_jobs_end(tmp_path):
                         f"cluster.setup=[{','.join(repr(s) for s in setup)}]")
         lines = SlurmBackend(cfg, str(tmp_path / "run"))._setup_lines()
         return subprocess.run(["bash", "-c", "\n".join(["set -euo pipefail", *lines, "echo after set-up"])],
-                              capture_output=True, text=True, timeout=30)
+                              capture_output=True, text=True, timeout=30, env={**os.environ, "SLURM_JOB_ID": "12",
+                                                                               "SLURM_RESTART_COUNT": "1"})
 
+    # Where this start's set-up begins in the job's log: its failure is blamed on the nodes srun names after it.
+    begins = f"llmtrain: cluster.setup on {socket.gethostname()} (job 12, restart 1)\n"
     failed = run("true", "false")
     assert failed.returncode == 5
-    assert failed.stdout == f"job end: -m llmtrain.launch.node.slurm_job_end {tmp_path}/run 1 30 1 0 setup_failed=1\n"
+    assert failed.stdout == begins + (f"job end: -m llmtrain.launch.node.slurm_job_end {tmp_path}/run 1 30 1 0 "
+                                      "setup_failed=1\n")
     assert failed.stderr == "llmtrain: node set-up failed: cluster.setup line 2 (false) exited with status 1\n"
     passed = run("true")
-    assert (passed.returncode, passed.stdout) == (0, "after set-up\n")  # the trap is gone once set-up is done
+    assert (passed.returncode, passed.stdout) == (0, begins + "after set-up\n")  # the trap is gone after set-up
 
 
 @pytest.mark.parametrize("override,line", [

@@ -137,3 +137,19 @@ def test_a_missing_or_silent_command_is_an_answer(monkeypatch):
 def test_one_set_of_states():
     assert {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "CONFIGURING"} == NOT_STARTED_STATES
     assert "UNKNOWN" in ENDED_STATES and "RUNNING" not in ENDED_STATES and not NOT_STARTED_STATES & ENDED_STATES
+
+
+def test_job_steps_are_the_ones_srun_started(monkeypatch):
+    """squeue --steps as the two-node test cluster (Slurm 22.05.8) printed it for a job running its second srun."""
+    answers = {"ok": (0, "1.1\n1.batch\n"), "refused": (1, "")}
+    asked = []
+
+    def run(argv, timeout):
+        asked.append(argv)
+        rc, out = answers[argv[3].split("=", 1)[1]]
+        return subprocess.CompletedProcess(argv, rc, out, "")
+
+    monkeypatch.setattr(client, "run", run)
+    assert client.job_steps("ok") == ["1.1"]
+    assert client.job_steps("refused") is None
+    assert asked[0] == ["squeue", "--noheader", "--steps", "--jobs=ok", "--format=%i"]

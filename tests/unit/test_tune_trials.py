@@ -75,12 +75,15 @@ def test_a_recorded_trial_is_reused_without_a_launch(loop, capsys):
 
 
 def test_the_measurement_is_the_median_after_the_warm_up(tmp_path):
-    rows = [{"step": 1, "tokens_per_s": 1.0, "mem_gib": 3.0}, {"step": 2, "tokens_per_s": 10.0, "mfu": 0.1},
-            {"step": 3, "tokens_per_s": 30.0, "mfu": 0.3}, {"step": 4, "tokens_per_s": 20.0, "mfu": 0.2}]
+    rows = [{"step": 1, "tokens_per_s": 1.0, "mem_gib": 3.0},
+            {"step": 2, "tokens_per_s": 10.0, "mfu": 0.1, "peak_tflops": 2.0},
+            {"step": 3, "tokens_per_s": 30.0, "mfu": 0.3, "peak_tflops": 2.0},
+            {"step": 4, "tokens_per_s": 20.0, "mfu": 0.2, "peak_tflops": 2.0}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     trial = trials.Trial("x", [], 1.0, 0.1, 1.0, 1.0, 0.0)
     trials.measure(trial, str(tmp_path), steps=4)
     assert (trial.tokens_per_s, trial.mfu, trial.peak_gib, trial.measured_steps) == (20.0, 0.2, 3.0, 3)
+    assert trial.mfu_peak_tflops == 2.0 and trial.shown_mfu == 0.2
     empty = trials.Trial("y", [], 1.0, 0.1, 1.0, 1.0, 0.0)
     trials.measure(empty, str(tmp_path / "none"), steps=4)
     assert (empty.fit, empty.reason) == ("failed", "no step after the first 1 was logged")

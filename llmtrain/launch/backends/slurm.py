@@ -8,7 +8,9 @@ job, which then stops again before it trains), `--requeue`
 lets Slurm restart a preempted job, and `checkpoint.resume=auto` makes the restarted job continue from its newest
 checkpoint. A USR1 to the batch shell (`--signal=B:USR1@N`, `scancel --batch`) is a preemption notice, passed on
 to the steps (sbatch_lines.py). The job takes the run directory's lock itself when it starts (slurm_job_start.py),
-so a second submission of the same script refuses to run beside the first.
+so a second submission of the same script refuses to run beside the first. The job also watches itself for hangs
+(slurm_hang_watch.py), followed or not: it says the verdict in its log and ends its steps; a follower shows those
+lines and runs no hang detection of its own.
 
 A submitted job belongs to Slurm: the launcher only submits it, and with cluster.follow follows it. Ctrl-C stops
 following and leaves the job running; a job Slurm will never start (NEVER_STARTS) is cancelled with its reason.
@@ -30,7 +32,10 @@ from llmtrain.console import say
 from llmtrain.launch.backends.base import Backend, NodeCommand, node_python, torchrun_argv, worker_env
 from llmtrain.launch.container import host_python, in_container, setup_outside, srun_options
 from llmtrain.launch.supervision.failures import rank_statuses, report_failure
+from llmtrain.launch.supervision.line_follower import LineFollower
 from llmtrain.launch.node.env import wrap_for_gloo
+from llmtrain.launch.node.slurm_hang_watch import HUNG
+from llmtrain.launch.node.start_culprits import SETUP_BEGINS
 from llmtrain.launch.node.setup import setup_statements
 from llmtrain.launch.backends.sbatch_lines import NOTICE_TRAP, output_path, sbatch_quoted
 from llmtrain.launch.backends.slurm_nodes import partition_cpus
@@ -66,6 +71,7 @@ class _Seen:
         self.state: str | None = None
         self.reason: str | None = None
         self.restarts = 0
+        self.job_log: LineFollower | None = None
 
 
 class SlurmBackend(Backend):
@@ -86,6 +92,8 @@ class SlurmBackend(Backend):
         self._cpus: tuple[int, str] | None = None
         # Called with the job id as soon as sbatch gives it (the run directory's lock names the job).
         self.on_submitted = None
+        # Whether the job's newest start was stopped by its hang watch (its verdict is said: no failure report).
+        self.hung = False
 
     # ---------------------------------------------------------------------------------------------- the script
     def script(self) -> str:
@@ -104,12 +112,17 @@ class SlurmBackend(Backend):
         lines += ['head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)', f"port={port}",
                   'echo "llmtrain: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, rendezvous ${head}:${port} '
                   '(restart ${SLURM_RESTART_COUNT:-0})"',
-                  # Rank statuses tell how this start of the job ended: a requeued job's earlier ones go.
-                  f"rm -f {shlex.quote(RunPaths(self.run_dir).logs)}/rank*{STATUS_SUFFIX}",
+                  # Rank statuses tell how this start of the job ended, and heartbeats whether it hangs: a
+                  # requeued job's earlier ones go.
+                  f"rm -f {shlex.quote(RunPaths(self.run_dir).logs)}/rank*{STATUS_SUFFIX} "
+                  f"{shlex.quote(RunPaths(self.run_dir).logs)}/rank*.progress",
                   # Every rank's log in one file with [node/rank] prefixes, while srun runs (combined_log.py).
                   f"{python} -m llmtrain.launch.supervision.combined_log {run_dir} & merger=$!",
                   # The time-limit notice, from the job itself (slurm_notice.py).
                   f'{python} -m llmtrain.launch.node.slurm_notice "$SLURM_JOB_ID" {c.signal_before_end_s} & notice=$!',
+                  # The job's own hang watch, followed or not: it ends the steps of a hung job (slurm_hang_watch.py).
+                  f"{python} -m llmtrain.launch.node.slurm_hang_watch {run_dir} {c.nnodes} {c.nproc_per_node} "
+                  f"{self.cfg.launch.hang_timeout_s:g} {self.cfg.launch.hang_evidence_wait_s:g} & hangwatch=$!",
                   "set +e",
                   # In the background, so that the trap runs when a notice comes (bash runs traps between commands).
                   f"{shlex.join(self._srun_argv())} {self._node_command(env)} & step=$!",
@@ -117,9 +130,10 @@ class SlurmBackend(Backend):
                   'kill "$notice" 2>/dev/null; kill -TERM "$merger"; wait "$merger"',
                   # The job's end ignores a USR1, as the shell did (it would kill Python).
                   "trap '' USR1",
-                  # Finished, or cut short by the time limit or a notice: then the job requeues itself
+                  'kill -TERM "$hangwatch" 2>/dev/null; wait "$hangwatch"; hung=$?',
+                  # Finished, hung, or cut short by the time limit or a notice: then the job requeues itself
                   # (slurm_job_end.py).
-                  f"exec {python} -m llmtrain.launch.node.slurm_job_end "
+                  f"LLMTRAIN_HANG_WATCH=\"$hung\" exec {python} -m llmtrain.launch.node.slurm_job_end "
                   f"{run_dir} \"$code\" {c.signal_before_end_s} {int(bool(c.requeue))} \"$noticed\""]
         return "\n".join(lines) + "\n"
 
@@ -147,11 +161,15 @@ class SlurmBackend(Backend):
         container, the lines run inside it instead)."""
         if not setup_outside(self.cfg):
             return []
-        # A failing line ends the start like a failed step: recorded against this node, maybe requeued.
+        # A failing line ends the start like a failed step: recorded against this node (or those where srun says
+        # the line's tasks failed), maybe requeued.
         end = (f"LLMTRAIN_SETUP_FAILED=1 exec {shlex.quote(host_python(self.cfg))} -m llmtrain.launch.node."
                f"slurm_job_end {shlex.quote(self.run_dir)} \"$code\" {self.cfg.cluster.signal_before_end_s} "
                f"{int(bool(self.cfg.cluster.requeue))} 0")
-        return [f"trap {shlex.quote('code=$?; ' + end)} EXIT",
+        # Where this start's set-up begins in the job's log: a failure is blamed on the nodes srun names after it.
+        begins = (f'echo "{SETUP_BEGINS}$(hostname) (job ${{SLURM_JOB_ID:-?}}, restart '
+                  '${SLURM_RESTART_COUNT:-0})"')
+        return [f"trap {shlex.quote('code=$?; ' + end)} EXIT", begins,
                 "set +u  # set-up scripts (module, conda, venv activate) may read unset variables",
                 *setup_statements(setup_outside(self.cfg)), "set -u", "trap - EXIT"]
 
@@ -298,7 +316,7 @@ class SlurmBackend(Backend):
                 f"{job} to stop it)", console=self.console)
             return EXIT_DETACHED
         code = 1 if code is None else code
-        if code != 0 and self.finished_job and not self.unfinished:
+        if code != 0 and self.finished_job and not self.unfinished and not self.hung:
             # srun gathers every node's torchrun output into the job's log; ranks are global there.
             report_failure(monitor.console, self.run_dir, self.job_output(), code)
         return code
@@ -335,6 +353,7 @@ class SlurmBackend(Backend):
             return None  # scontrol did not answer in time: ask again at the next poll
         state = job.get("JobState", "UNKNOWN")
         self._show_state(job, state, seen)
+        self._show_hang(seen)
         if state == "PENDING":
             return self._stop_if_never_starts(job)
         self._say_requeued(job, seen)
@@ -347,8 +366,19 @@ class SlurmBackend(Backend):
         restarts = int(job.get("Restarts", "0") or 0)
         if restarts > seen.restarts:
             seen.restarts = restarts
+            self.hung = False
             say(f"job {self.job_id} requeued (restart {restarts}); still following: it resumes from the "
                 "newest checkpoint when it runs again", console=self.console)
+
+    def _show_hang(self, seen: _Seen) -> None:
+        """The lines the job's hang watch wrote to its log (why, the verdict, the evidence, the stop), as they
+        come."""
+        if seen.job_log is None:
+            seen.job_log = LineFollower(RunPaths(self.run_dir).slurm_output(str(self.job_id)))
+        for line in seen.job_log.new_lines():
+            if line.startswith(("llmtrain: hang", f"llmtrain: {HUNG}")):
+                self.console.print(line, markup=False, highlight=False, soft_wrap=True)
+                self.hung = self.hung or line.startswith(f"llmtrain: {HUNG}")
 
     def _final_code(self, state: str, job: dict[str, str]) -> int:
         """The job's exit status for the launcher: train.max_steps reached is the only success; a job whose

@@ -13,7 +13,9 @@ limit (`llmtrain cancel`, a preempting launcher) is a stop the user asked for: n
 
 A start that failed (a rank, a node's set-up) is recorded against its host in RUN_DIR/nodes.json and, with
 cluster.requeue, requeued too: without the hosts the record holds bad, and not after
-cluster.max_starts_without_progress starts in a row without a new checkpoint (slurm_requeue.py).
+cluster.max_starts_without_progress starts in a row without a new checkpoint (slurm_requeue.py). A start that hung
+(LLMTRAIN_HANG_WATCH=EXIT_HUNG: the job's hang watch stopped its steps, slurm_hang_watch.py) is a failed start
+whose failure is the hang's verdict; the watch already recorded the hang against the culprit's host.
 """
 
 from __future__ import annotations
@@ -24,7 +26,10 @@ import time
 
 from llmtrain.console import say
 from llmtrain.launch.node import slurm_requeue
+from llmtrain.errors import EXIT_FAILED
 from llmtrain.launch.goodput_entry import slurm_start_ended
+from llmtrain.launch.launch_record import job_launch
+from llmtrain.launch.node.slurm_hang_watch import EXIT_HUNG
 from llmtrain.launch.supervision.failures import rank_statuses
 from llmtrain.rundir.paths import RunPaths
 from llmtrain.slurm import client
@@ -61,19 +66,33 @@ def failed_start(run_dir: str, srun_exit: int, may_requeue: bool, job_id: str, s
         slurm_requeue.start_began(run_dir, job_id, int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0))
     culprit = slurm_requeue.failed_start(run_dir, job_id, job_output(run_dir, job_id), srun_exit, setup_failed)
     failure = culprit.summary() if culprit else f"the job's step exited {srun_exit}"
+    return requeue_failed(run_dir, failure, srun_exit, may_requeue, job_id)
+
+
+def hung_start(run_dir: str, may_requeue: bool, job_id: str) -> int:
+    """A start the job's hang watch stopped: failed (EXIT_FAILED) with the verdict it wrote to job.json, or with
+    cluster.requeue requeued as any failed start."""
+    verdict = job_launch(run_dir, job_id).get("hang") or "llmtrain: hang: (no verdict recorded)"
+    return requeue_failed(run_dir, verdict.removeprefix("llmtrain: "), EXIT_FAILED, may_requeue, job_id)
+
+
+def requeue_failed(run_dir: str, failure: str, code: int, may_requeue: bool, job_id: str) -> int:
+    """With cluster.requeue, requeue a failed start (0), unless the breaker or the bad hosts stop it (`code`)."""
     if not may_requeue:
-        return srun_exit
+        return code
     say(f"this start failed ({failure})")
     why = slurm_requeue.requeue_or_stop(run_dir, job_id, failure,
                                         f"requeueing job {job_id} to start again from the newest checkpoint")
     if why is None:
         return 0
     say(f"not requeued: {why}")
-    return srun_exit
+    return code
 
 
 def job_end(run_dir: str, srun_exit: int, notice_s: float, may_requeue: bool, job_id: str,
-            noticed: bool = False, setup_failed: bool = False) -> int:
+            noticed: bool = False, setup_failed: bool = False, hung: bool = False) -> int:
+    if hung:
+        return hung_start(run_dir, may_requeue, job_id)
     if srun_exit != 0:
         return failed_start(run_dir, srun_exit, may_requeue, job_id, setup_failed)
     statuses = list(rank_statuses(run_dir).values())
@@ -111,9 +130,10 @@ def main(argv: list[str] | None = None) -> int:
     noticed = argv[4:] == ["1"]
     # Set by the batch script when a cluster.setup line failed before srun (slurm.py).
     setup_failed = os.environ.get("LLMTRAIN_SETUP_FAILED") == "1"
+    hung = os.environ.get("LLMTRAIN_HANG_WATCH") == str(EXIT_HUNG)
     slurm_start_ended(run_dir, os.environ.get("SLURM_JOB_ID", ""))  # before a requeue starts the next one
     return job_end(run_dir, srun_exit, notice_s, may_requeue, os.environ.get("SLURM_JOB_ID", ""), noticed,
-                   setup_failed)
+                   setup_failed, hung)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@ One job per run directory, however the job was started: `llmtrain launch` takes 
 but the rendered script (RUN_DIR/slurm/job.sbatch) can be submitted again by hand. So the job itself takes the lock
 before anything else runs (run_lock.claim_for_job): a job that finds the directory held by another job or launcher
 says so in one line in its log and exits 1 before any worker starts. A requeued start of the same job is let in.
-Then the start's goodput timeline begins (its queue wait from scontrol; slurm_job_end writes the ledger entry).
+Then the start's goodput timeline begins (its queue wait from scontrol; slurm_job_end writes the ledger entry), and
+an earlier start's hang verdict leaves the launch's entry in job.json (it stays in RUN_DIR/hangs/): a requeued start
+has not hung.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from llmtrain.config.errors import ConfigError
 from llmtrain.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from llmtrain.launch.node.slurm_requeue import start_began
 from llmtrain.launch.goodput_entry import slurm_queue_s, slurm_start_began
+from llmtrain.launch.launch_record import job_launch, note_job
 from llmtrain.launch.run_lock import claim_for_job
 from llmtrain.slurm import client
 
@@ -33,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_FAILED  # the job fails before any worker starts; its submission was not bad input
     # The checkpoint this start begins from: the job's end tells progress by it (the crash-loop breaker).
     start_began(argv[0], job_id, int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0))
+    if job_launch(argv[0], job_id).get("hang"):
+        note_job(argv[0], job_id, hang=None)
     answer = client.show_job(job_id, timeout=30)
     requeued = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0) > 0
     slurm_start_began(argv[0], slurm_queue_s(argv[0], answer.fields, requeued) if answer else 0.0)

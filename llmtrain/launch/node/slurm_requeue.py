@@ -67,7 +67,10 @@ def failed_start(run_dir: str, job_id: str, job_output: str, srun_exit: int, set
         started = read_ledger(run_dir).get("starts", {}).get("started_s", 0.0)
         culprit = start_culprit(run_dir, job_output, started, srun_exit)
     if culprit is not None:
-        update_ledger(run_dir, lambda ledger: add_event(ledger, culprit.host, culprit.kind, culprit.detail, job_id))
+        def record(ledger: dict) -> None:
+            for host in culprit.hosts:
+                add_event(ledger, host, culprit.kind, culprit.detail, job_id)
+        update_ledger(run_dir, record)
     return culprit
 
 

@@ -1,8 +1,9 @@
 """Which host a failed start of a Slurm job blames, and how, for RUN_DIR/nodes.json: read at the job's end from its
 log (this start's part of it), the ranks' status and place files, and srun's own account.
 
-- A cluster.setup line that failed in the batch shell: a start-up failure of the job's first node (the batch
-  shell runs there).
+- A cluster.setup line that failed in the batch shell: a start-up failure of the hosts srun names in its
+  per-node error lines for that line (`srun: error: node2: task 1: Exited with exit code 1`: a line wrapped in
+  `srun` fails on the nodes whose task failed), else of the job's first node (the batch shell runs there).
 - No rank recorded its place in this start: a start-up failure of the node srun or torchrun names (the node agent,
   torchrun or the worker's imports failed there).
 - Otherwise the culprit rank of launch/supervision/failures.py, on the host it ran on: a failure.
@@ -21,6 +22,9 @@ from llmtrain.rundir.paths import RunPaths
 # The batch script's line at each start (slurm.py); the job's log is appended to by every start.
 _START = re.compile(r"^llmtrain: job \d+ on \S+, rendezvous \S+ \(restart \d+\)$", re.MULTILINE)
 _SRUN_EXITED = re.compile(r"srun: error: (\S+): tasks? [\d,-]+: Exited with exit code (\d+)")
+# srun's line for each node whose task failed: exited, or killed by a signal (`task 1: Killed`).
+_SRUN_TASK_FAILED = re.compile(r"^srun: error: ([^\s:]+): tasks? [\d,-]+: ", re.MULTILINE)
+SETUP_BEGINS = "llmtrain: cluster.setup on "  # the batch script's line before the set-up lines of each start
 SETUP_FAILED = "llmtrain: node set-up failed: "
 
 
@@ -29,10 +33,16 @@ class Culprit:
     host: str
     kind: str  # "startup" or "failure" (node_ledger.KINDS)
     detail: str  # `rank 1 on node2 exited 1`; for a start-up failure, what failed (the host is said apart)
+    also: tuple[str, ...] = ()  # other hosts where the same failed (a set-up line srun ran on several nodes)
+
+    @property
+    def hosts(self) -> tuple[str, ...]:
+        return (self.host, *self.also)
 
     def summary(self) -> str:
-        """The failure in a few words, host included."""
-        return self.detail if self.kind == "failure" else f"start-up failure on {self.host}: {self.detail}"
+        """The failure in a few words, host(s) included."""
+        return self.detail if self.kind == "failure" else \
+            f"start-up failure on {', '.join(self.hosts)}: {self.detail}"
 
 
 def this_start(job_output: str) -> str:
@@ -57,8 +67,13 @@ def _how(code: int) -> str:
 
 
 def setup_culprit(job_output: str, host: str) -> Culprit:
-    said = [ln.split(SETUP_FAILED, 1)[1] for ln in this_start(job_output).splitlines() if SETUP_FAILED in ln]
-    return Culprit(host, "startup", said[-1] if said else "cluster.setup failed")
+    """The hosts whose task srun said failed in the newest start's set-up (after its SETUP_BEGINS line, up to
+    its failure line), else `host`, the batch shell's."""
+    setup = job_output[job_output.rfind(SETUP_BEGINS):] if SETUP_BEGINS in job_output else this_start(job_output)
+    failed_at = setup.rfind(SETUP_FAILED)
+    said = setup[failed_at:].splitlines()[0][len(SETUP_FAILED):] if failed_at >= 0 else "cluster.setup failed"
+    hosts = list(dict.fromkeys(m[1] for m in _SRUN_TASK_FAILED.finditer(setup[:max(failed_at, 0)])))
+    return Culprit(hosts[0], "startup", said, tuple(hosts[1:])) if hosts else Culprit(host, "startup", said)
 
 
 def start_culprit(run_dir: str, job_output: str, started_s: float, srun_exit: int) -> Culprit | None:

@@ -120,6 +120,17 @@ def culprit_node(run_dir: str, outputs: list[str], exit_codes: list[int | None],
     return min(failed, key=lambda n: (tier(n), failed.index(n)))
 
 
+def read_only(run_dir: str) -> str:
+    """Why nothing could be recorded in run_dir when its file system is read-only (a rank's status, job.json's
+    exit code: a full disk leaves room for those), else ''."""
+    try:
+        if os.statvfs(run_dir).f_flag & os.ST_RDONLY:
+            return f"read-only file system at {run_dir} (nothing of how it ended could be recorded)"
+    except OSError:
+        pass
+    return ""
+
+
 def tail(path: str, n: int = 20) -> list[str]:
     try:
         with open(path, errors="replace") as f:
@@ -202,7 +213,7 @@ def report_failure(console: Console, run_dir: str, agent_output: str, exit_code:
         console.print(f"[bold red]llmtrain: {escape(who)} hung (stopped responding)[/]{said}", highlight=False)
         _print_tail(console, log, _stand_ins(run_dir, rank, first=peer, node=node))
         return
-    error = _first_line(status.get("error"))
+    error = _first_line(status.get("error")) or (read_only(run_dir) if not status else "")
     said = escape((f": {error}" if error else "") + f"; last lines of {log}:")
     console.print(f"[bold red]llmtrain: {escape(who)} failed ({how})[/]{said}", highlight=False)
     _print_tail(console, log, _stand_ins(run_dir, rank, first=0, node=node))

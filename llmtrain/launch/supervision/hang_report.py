@@ -14,6 +14,7 @@ from llmtrain.launch.supervision.placement import describe_rank, read_places
 from llmtrain.rundir.node_ledger import record_node_event
 from llmtrain.rundir.paths import RunPaths
 from llmtrain.rundir.hang_files import node_answers, read_json, request_evidence, request_path
+from llmtrain.rundir.unwritten import warn_unwritten
 
 class HangDetected(Exception):
     """The job is hung; the message is the verdict line."""
@@ -64,8 +65,12 @@ def judge(run_dir: str, folder: str, world_size: int, nnodes: int, why: str) -> 
     line = "llmtrain: hang: " + said
     if silent:
         line += f"; node(s) {', '.join(map(str, silent))} did not answer (their agent is stopped or unreachable)"
-    with open(os.path.join(folder, "verdict.txt"), "w") as f:
-        f.write(f"{line}\ndetected: {why}\n")
+    verdict = os.path.join(folder, "verdict.txt")
+    try:
+        with open(verdict, "w") as f:
+            f.write(f"{line}\ndetected: {why}\n")
+    except OSError as e:  # a full disk: the verdict is still said, and recorded in job.json if there is room
+        warn_unwritten(verdict, e)
     places = read_places(run_dir)
     for host in dict.fromkeys(places.get(r, {}).get("host") for r in culprits):
         if host:  # the node ledger counts hangs per host (a host over its limit is left out of a requeue)

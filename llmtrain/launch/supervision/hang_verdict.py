@@ -43,8 +43,15 @@ def main_thread_frames(stacks: str) -> list[tuple[str, int, str]]:
     return main[-1] if main else []
 
 
+# Wrappers between a collective and its caller, which say nothing about where the rank is (collective_wait's wraps
+# Work.wait too, so it can be the innermost frame of a rank in a collective).
+_WRAPPERS = ("/torch/distributed/c10d_logger.py", "/llmtrain/train/collective_trace.py",
+             "/llmtrain/train/collective_wait.py")
+
+
 def classify(frames: list[tuple[str, int, str]], source: Callable[[str, int], str] = linecache.getline) -> str:
     """What a rank's main thread does, from its frames (innermost first)."""
+    frames = [frame for frame in frames if not frame[0].endswith(_WRAPPERS)]
     if not frames:
         return UNKNOWN
     if "/torch/distributed/" in frames[0][0]:
@@ -57,10 +64,6 @@ def classify(frames: list[tuple[str, int, str]], source: Callable[[str, int], st
     if "sleep(" in source(frames[0][0], frames[0][1]):
         return SLEEPING
     return UNKNOWN
-
-
-# Wrappers between a collective and its caller, which say nothing about where the rank is.
-_WRAPPERS = ("/torch/distributed/c10d_logger.py", "/llmtrain/train/collective_trace.py")
 
 
 def stack_summary(frames: list[tuple[str, int, str]], depth: int = 3) -> str:

@@ -1,5 +1,6 @@
-"""What the user sees while a job runs: a live rich progress line (step/total, loss, tokens/s, ETA) fed by
-metrics.jsonl, and rank 0's log streamed above it. Which rank failed is worked out in failures.py.
+"""What the user sees while a job runs: a live rich progress line (step/total, loss, tokens/s, MFU when the row has
+one to show (rundir/mfu_field.py), ETA) fed by metrics.jsonl, and rank 0's log streamed above it. Which rank failed
+is worked out in failures.py.
 
 Until the first worker exists, a torchrun agent under this launcher waits in its rendezvous; one that cannot
 complete (a port someone else holds, a node that never joins) would wait silently, so the monitor says where it
@@ -25,6 +26,7 @@ from llmtrain.launch.supervision.hang_report import HangDetected, collect, judge
 from llmtrain.launch.supervision.hang_watch import HangWatch
 from llmtrain.launch.supervision.line_follower import LineFollower
 from llmtrain.launch.supervision.restarts import RestartNotices
+from llmtrain.rundir.mfu_field import shown_mfu
 from llmtrain.rundir.paths import RunPaths
 
 # Seconds without a worker before the launcher says it is still waiting for the rendezvous.
@@ -91,6 +93,12 @@ class RendezvousWatch:
         return agents, started
 
 
+def progress_mfu(row: dict) -> str:
+    """The progress line's MFU field: empty when the row has none to show (no known peak)."""
+    mfu = shown_mfu(row)
+    return f"MFU {mfu:.1%}" if mfu is not None else ""
+
+
 class Monitor:
     def __init__(self, run_dir: str, max_steps: int, console: Console | None = None, stream_rank: int = 0,
                  nnodes: int = 1, max_restarts: int = 0, rendezvous_timeout_s: float | None = None,
@@ -107,10 +115,10 @@ class Monitor:
         self.progress = Progress(
             TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
             TextColumn("loss [cyan]{task.fields[loss]}"), TextColumn("{task.fields[tps]} tok/s"),
-            TextColumn("MFU {task.fields[mfu]}"),
+            TextColumn("{task.fields[mfu]}"),
             TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
             console=self.console, transient=False, disable=not self.console.is_terminal)
-        self.task = self.progress.add_task("train", total=max_steps, loss="-", tps="-", mfu="-")
+        self.task = self.progress.add_task("train", total=max_steps, loss="-", tps="-", mfu="")
         self.last_row: dict = {}
         self.rendezvous = RendezvousWatch(rendezvous_timeout_s, self.console)
         self.combined = CombinedLog(run_dir) if combined_log else None
@@ -137,7 +145,7 @@ class Monitor:
                 self.progress.update(self.task, completed=row["step"],
                                      loss=f"{loss:.4f}" if isinstance(loss, float) else str(loss),
                                      tps=f"{row.get('tokens_per_s', 0):,.0f}",
-                                     mfu=f"{row['mfu']:.1%}" if isinstance(row.get("mfu"), float) else "-")
+                                     mfu=progress_mfu(row))
 
     def check_hang(self) -> None:
         """Gather a hang's evidence and verdict while every process is still there. A collective timeout ends the

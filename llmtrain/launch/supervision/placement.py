@@ -32,10 +32,11 @@ def node_label(node: int, host: str | None = None) -> str:
 
 
 def record_place(run_dir: str, rank: int) -> dict:
-    """Called by each worker as it starts (before anything can fail): its node, host, local rank and restart."""
+    """Called by each worker as it starts (before anything can fail): its node, host, local rank, restart and
+    process id (on its host)."""
     place = {"rank": rank, "node": _int(os.environ.get(NODE_INDEX_ENV)), "host": socket.gethostname(),
              "local_rank": _int(os.environ.get("LOCAL_RANK")),
-             "restart": _int(os.environ.get("TORCHELASTIC_RESTART_COUNT")) or 0}
+             "restart": _int(os.environ.get("TORCHELASTIC_RESTART_COUNT")) or 0, "pid": os.getpid()}
     rank_files.write_place(run_dir, rank, place)
     return place
 

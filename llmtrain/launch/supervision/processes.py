@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -9,6 +10,8 @@ import threading
 from typing import Callable
 
 import psutil
+
+from llmtrain.rundir.unwritten import warn_unwritten
 
 
 def start(argv: list[str], env: dict[str, str], log_path: str, on_line: Callable[[str], None] | None = None,
@@ -22,11 +25,25 @@ def start(argv: list[str], env: dict[str, str], log_path: str, on_line: Callable
                             stderr=subprocess.STDOUT, start_new_session=True, text=True, bufsize=1)
 
     def pump() -> None:
-        with open(log_path, "a", buffering=1) as log:
-            for line in proc.stdout:
-                log.write(line)
-                if on_line is not None:
-                    on_line(line)
+        # A log that cannot be written (a full disk) is said once; the output is still read and handed on, so
+        # the process never blocks on a full pipe and its failure summary still reaches the launcher.
+        log = None
+        with contextlib.suppress(OSError):
+            log = open(log_path, "a", buffering=1)
+        for line in proc.stdout:
+            if log is not None:
+                try:
+                    log.write(line)
+                except OSError as e:
+                    warn_unwritten(log_path, e)
+                    with contextlib.suppress(OSError):
+                        log.close()
+                    log = None
+            if on_line is not None:
+                on_line(line)
+        if log is not None:
+            with contextlib.suppress(OSError):
+                log.close()
 
     threading.Thread(target=pump, daemon=True).start()
     return proc

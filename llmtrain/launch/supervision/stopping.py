@@ -15,7 +15,7 @@ from rich.console import Console
 from llmtrain.console import say
 from llmtrain.launch.supervision import processes
 
-PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)  # SIGHUP: a closed terminal, handled alike
 
 
 def _ignore(signals) -> None:

@@ -17,6 +17,9 @@ from llmtrain.config.errors import ConfigError
 from llmtrain.rundir.paths import RunPaths
 
 CONNECT_TIMEOUT_S = 5.0
+MLFLOW_SCHEMES = ("", "file", "http", "https", "databricks")
+MLFLOW_DATABASES = ("sqlite", "postgresql", "mysql", "mssql")
+UNITY_CATALOG = ("databricks-uc", "uc")
 _OFF = "or set {key}=false to train without it"
 
 
@@ -38,6 +41,9 @@ def _check_mlflow(uri: str | None, run_dir: str) -> None:
     if not uri:
         why = _unwritable_file(RunPaths(run_dir).mlflow_db)
     else:
+        unknown = untrackable_scheme(uri)
+        if unknown:  # refused now: MLflow would be switched off once the run has started
+            raise ConfigError(key, f"{unknown}; fix the URI " + _OFF.format(key="logging.mlflow"))
         scheme = urlparse(uri).scheme
         if scheme in ("http", "https"):
             _check_reachable(uri)
@@ -45,12 +51,38 @@ def _check_mlflow(uri: str | None, run_dir: str) -> None:
         if scheme == "sqlite":
             path = uri[len("sqlite:///"):]
             why = _unwritable_file(path) if path and path != ":memory:" else None
-        elif scheme in ("", "file"):  # MLflow's file store: a folder
+        elif scheme in ("", "file") and uri != "databricks":  # MLflow's file store: a folder
             why = _unwritable_folder(urlparse(uri).path if scheme else uri)
         else:
             return  # a database server or a hosted service: asked when the run starts
     if why:
         raise ConfigError(key, f"MLflow's store cannot be written: {why}; {fix}")
+
+
+def untrackable_scheme(uri: str) -> str | None:
+    """Why MLflow's client has no tracking store for `uri`'s scheme, or None. The schemes are MLflow's own
+    (mlflow.tracking._tracking_service.utils: a path or file://, http(s)://, databricks, the SQLAlchemy databases of
+    mlflow.store.db.db_types with an optional +driver, and plugins' `mlflow.tracking_store` entry points; Unity
+    Catalog's `databricks-uc` and `uc` are registry URIs it refuses to track to), named here because importing
+    mlflow takes seconds."""
+    scheme = uri if uri in ("databricks", *UNITY_CATALOG) else urlparse(uri).scheme
+    database, _, driver = scheme.partition("+")
+    if scheme in MLFLOW_SCHEMES or len(scheme) == 1:  # a one-letter scheme is a Windows drive: a path
+        return None
+    if database in MLFLOW_DATABASES and "+" not in driver:
+        return None
+    plugins = _plugin_schemes()
+    if scheme in plugins and scheme not in UNITY_CATALOG:
+        return None
+    return (f"MLflow has no tracking store for the scheme {scheme}: of {uri}; it tracks to a path or file://, "
+            f"http:// or https://, databricks, or a database ({', '.join(d + '://' for d in MLFLOW_DATABASES)}, "
+            "each with an optional +driver)" + (f", or a plugin's scheme ({', '.join(sorted(plugins))})" if plugins else ""))
+
+
+def _plugin_schemes() -> set[str]:
+    from importlib.metadata import entry_points
+
+    return {ep.name for ep in entry_points(group="mlflow.tracking_store")}
 
 
 def _check_reachable(uri: str) -> None:
