@@ -330,11 +330,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "plan":
             from llmtrain.plan.cli import run_plan
 
-            return run_plan(_compose(args), args)
+            return run_plan(_compose_layout(args), args)
         if args.command == "tune":
             from llmtrain.tune.cli import run_tune
 
-            return run_tune(_compose(args), args)
+            return run_tune(_compose_layout(args), args)
         if args.command == "report":
             from llmtrain.report.run_report import run_report
 
@@ -346,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "doctor":
             from llmtrain.doctor.command import run_doctor
 
-            return run_doctor(_compose(args), args.max_bytes, args.iters)
+            return run_doctor(_compose_layout(args), args.max_bytes, args.iters)
         if args.command in JOB_COMMANDS:
             return run_job_command(args)
         if args.command in ("generate", "eval"):
@@ -383,6 +383,22 @@ def _compose(args, origins: dict[str, str] | None = None):
     from llmtrain.launch.config_probes import compose_here, validate_here
 
     cfg = compose_here(args.overrides, args.config_dir, origins)
+    validate_here(cfg)
+    return cfg
+
+
+def _compose_layout(args):
+    """The config of a command that looks at a layout instead of training it (plan, tune, doctor): a default global
+    batch that the layout cannot divide is widened, with a line on stderr (stdout may be --json)."""
+    from llmtrain.config.batch import widen_default_for_layout
+    from llmtrain.console import say
+    from llmtrain.launch.config_probes import compose_here, validate_here
+
+    origin: dict[str, str] = {}
+    cfg = compose_here(args.overrides, args.config_dir, origin)
+    widened = widen_default_for_layout(cfg, origin)
+    if widened:
+        say(widened, err=True)
     validate_here(cfg)
     return cfg
 

@@ -66,6 +66,25 @@ def auto_micro_batch(global_batch: int, dp: int, pp: int = 1, virtual_stages: in
     return sizes[0]
 
 
+def widen_default_for_layout(cfg: DictConfig, origin: dict[str, str]) -> str | None:
+    """For the commands that look at a layout instead of training it (plan, tune, doctor): a default global batch
+    that this layout's dp ranks cannot share is widened to the smallest multiple of dp (x pp, for a pipeline's
+    micro-batches) that they can, and the line saying so is returned. A global batch the user set, or a checkpoint
+    keeps, is never changed: a launch refuses it instead (validate's one line)."""
+    t, p = cfg.train, cfg.parallel
+    if origin.get(GLOBAL_KEY) != "default" or not p.dp or p.dp < 1 or p.pp < 1:
+        return None
+    if division_problem(t.global_batch_size, t.micro_batch_size, p.dp) is None:
+        return None
+    fitted_micro = origin.get(MICRO_KEY) == "default"
+    step = p.dp * (p.pp if fitted_micro else t.micro_batch_size)
+    default, t.global_batch_size = t.global_batch_size, -(-t.global_batch_size // step) * step
+    if fitted_micro:
+        t.micro_batch_size = auto_micro_batch(t.global_batch_size, p.dp, p.pp, p.virtual_stages)
+    return (f"{GLOBAL_KEY}: the default {default} does not divide over parallel.dp={p.dp}; using "
+            f"{t.global_batch_size} here (a launch needs it set: {GLOBAL_KEY}=N)")
+
+
 def division_problem(global_batch: int, micro: int, dp: int) -> str | None:
     """Why `global_batch` samples do not divide into micro-batches of `micro` on `dp` ranks, with the values that
     would (one line), or None."""

@@ -48,6 +48,15 @@ def srun_line(script: str) -> str:
     return line
 
 
+def batch_shell_pythons(script: str) -> set[str]:
+    """The interpreters that start the batch shell's own helpers (job start, combined log, notice, hang watch,
+    job end): every one of them runs on the host, outside any container."""
+    helpers = ("slurm_job_start", "combined_log", "slurm_notice", "slurm_hang_watch", "slurm_job_end")
+    found = {h: re.findall(rf"(\S+) -m llmtrain\.launch\.\w+\.{h} ", script) for h in helpers}
+    assert all(found.values()), found
+    return {shlex.split(p)[0] for pythons in found.values() for p in pythons}
+
+
 def exported(script: str) -> str:
     """The batch script's exports as `env` arguments: what the command inside the container must get too."""
     return " ".join(ln[len("export "):] for ln in script.splitlines() if ln.startswith("export "))
@@ -111,8 +120,11 @@ def test_pyxis_setup_lines_run_inside_not_in_the_batch_shell():
         "--container-mounts=/shared/proj:/shared/proj --container-workdir=/shared/proj "
         f"sh -c {shlex.quote(SETUP_SCRIPT)} llmtrain-setup env {exported(script)} "
         f"{plain_command(cfg, '/shared/proj/runs/c')}")
-    # Outside the container (the end of the batch script), the launcher's own interpreter: python is the image's.
-    assert re.search(r"\nexec /\S*python\S* -m llmtrain.launch.node.slurm_job_end ", script), script
+    # Outside the container (the batch shell's helpers and its end), the launcher's own interpreter: python is the
+    # image's.
+    assert batch_shell_pythons(script) == {sys.executable}, script
+    assert re.search(r'\nLLMTRAIN_HANG_WATCH="\$hung" exec /\S*python\S* -m llmtrain.launch.node.slurm_job_end ',
+                     script), script
 
 
 def _fake_python(tmp_path: Path) -> Path:
@@ -282,7 +294,9 @@ def test_a_container_without_cluster_python_runs_the_images_python(tmp_path, cap
     inside = srun_line(script).split(" env ", 1)[1]
     assert (" python -m llmtrain.launch.node.agent /shared/proj/runs/c slurm -- python -m torch.distributed.run "
             in inside), inside
-    assert f"\nexec {shlex.quote(sys.executable)} -m llmtrain.launch.node.slurm_job_end " in script, script
+    assert (f'\nLLMTRAIN_HANG_WATCH="$hung" exec {shlex.quote(sys.executable)} -m llmtrain.launch.node.slurm_job_end '
+            in script), script
+    assert batch_shell_pythons(script) == {sys.executable}, script
     ssh = ssh_backend(tmp_path, "device=cpu", "cluster.workdir=/shared/proj", "cluster.container.runtime=apptainer",
                       f"cluster.container.image={SIF}")
     argv = ssh.node_commands()[0].argv

@@ -30,12 +30,19 @@ def status_json(capsys, run_dir: Path) -> dict:
 
 
 # ---- the record ------------------------------------------------------------------------------------------------
+def stand_in_cfg(run_dir: Path):
+    """What the record reads of a composed config (which always has run and train)."""
+    return SimpleNamespace(run=SimpleNamespace(dir=str(run_dir)), train=SimpleNamespace(global_batch_size=16))
+
+
 def test_each_launch_is_recorded_and_earlier_ones_are_kept(tmp_path, monkeypatch):
-    cfg = SimpleNamespace(run=SimpleNamespace(dir=str(tmp_path)))
+    cfg = stand_in_cfg(tmp_path)
     monkeypatch.setattr(sys, "argv", ["llmtrain", "launch", "--config-dir", "mine", "model=gpt-125m", "~env.X"])
-    first = LaunchRecord.start(cfg, SimpleNamespace(name="local", host_names=lambda: [socket.gethostname()]))
+    first = LaunchRecord.start(cfg, SimpleNamespace(name="local", host_names=lambda: [socket.gethostname()]),
+                               batch_origin="default")
     (entry,) = read_launches(str(tmp_path))
     assert entry["launch"] == 1 and entry["backend"] == "local" and entry["ended"] is None
+    assert entry["global_batch"] == {"size": 16, "origin": "default"}
     assert entry["launcher"] == {"host": socket.gethostname(), "pid": os.getpid()}
     assert entry["hosts"] == [socket.gethostname()] and entry["overrides"] == ["model=gpt-125m", "~env.X"]
     first.ended(143, None)
@@ -49,7 +56,7 @@ def test_each_launch_is_recorded_and_earlier_ones_are_kept(tmp_path, monkeypatch
 
 
 def test_ssh_hosts_come_from_the_hostfile(tmp_path):
-    cfg = SimpleNamespace(run=SimpleNamespace(dir=str(tmp_path)))
+    cfg = stand_in_cfg(tmp_path)
     hosts = [SimpleNamespace(name="node1"), SimpleNamespace(name="node2")]
     backend = SimpleNamespace(name="ssh", hosts=hosts)
     backend.host_names = lambda: SSHBackend.host_names(backend)

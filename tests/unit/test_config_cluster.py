@@ -327,7 +327,9 @@ def test_follower_shows_reasons_and_cancels_a_job_that_never_starts(tmp_path, fa
     reported = []
     monkeypatch.setattr(slurm, "report_failure", lambda *a, **k: reported.append(a))
     monitor = FakeMonitor()
-    backend = SlurmBackend(slurm_cfg("cluster.follow=true", "cluster.nnodes=3"), str(tmp_path / "run"))
+    # A global batch that 3 nodes of one process each divide: the default (16) is refused before any submission.
+    backend = SlurmBackend(slurm_cfg("cluster.follow=true", "cluster.nnodes=3", "train.global_batch_size=12"),
+                           str(tmp_path / "run"))
     assert backend.run(monitor) == 1
     lines = [ln for ln in monitor.text.splitlines() if ln.startswith("llmtrain: job 123")]
     assert lines == ["llmtrain: job 123 PENDING",

@@ -73,6 +73,26 @@ def test_an_indivisible_global_batch_is_one_line_naming_the_keys_and_the_valid_c
                                     "parallel.dp to 1, 2, 4, 8 or 16 (processes = dp x tp x pp)")
 
 
+def test_plan_widens_a_default_global_batch_the_layout_cannot_divide_and_says_so(capsys):
+    """plan, tune and doctor look at a layout: the default 16 over 32 dp ranks becomes 32 with a line on stderr
+    (launch refuses it instead); a global batch the user set is never widened."""
+    args = ["plan", "model=llama3-8b", "cluster.nnodes=4", "cluster.nproc_per_node=8", "hardware=h100", "--json"]
+    main(args)
+    captured = capsys.readouterr()
+    assert captured.err == ("llmtrain: train.global_batch_size: the default 16 does not divide over parallel.dp=32; "
+                            "using 32 here (a launch needs it set: train.global_batch_size=N)\n")
+    planned = json.loads(captured.out)
+    assert planned["fits_with"]  # the plan itself came: the smallest change that fits is named
+    origin: dict[str, str] = {}
+    cfg = compose_here(["cluster.nproc_per_node=6", "parallel.pp=2"], (), origin)
+    assert batch.widen_default_for_layout(cfg, origin) is not None
+    assert (cfg.train.global_batch_size, cfg.train.micro_batch_size) == (18, 1)  # dp 3 x pp 2 divides it
+    validate_here(cfg)
+    origin = {}
+    cfg = compose_here(["cluster.nproc_per_node=3", "train.global_batch_size=16"], (), origin)
+    assert batch.widen_default_for_layout(cfg, origin) is None and cfg.train.global_batch_size == 16
+
+
 def test_the_origin_of_the_global_batch(tmp_path):
     (tmp_path / "conf" / "train").mkdir(parents=True)
     (tmp_path / "conf" / "train" / "big.yaml").write_text("global_batch_size: 64\n")
