@@ -6,7 +6,6 @@ arguments, so any rank can fetch any sample without coordination.
 
 from __future__ import annotations
 
-import bisect
 import os
 import sys
 
@@ -15,6 +14,7 @@ import torch
 from .corpus import ensure_stdlib_corpus
 from .errors import DataError
 from .seeding import stable_digest
+from .source_tokens import SourceTokens
 from .token_source import index_path, inspect_token_source
 from .tokenfile import (
     check_split_sizes,
@@ -142,13 +142,7 @@ class MemmapDataset(TokenDataset):
         self._region_start = {"train": 0, "val": train_tokens}
         # Window k covers [k*seq_len, k*seq_len + seq_len + 1) inside its region.
         self._num_windows = {"train": num_windows(train_tokens, seq_len), "val": num_windows(val_tokens, seq_len)}
-        # shared=False maps each file copy-on-write: lazy, read-only in effect, never written back.
-        self._files = [torch.from_file(file, shared=False, size=count, dtype=TOKEN_DTYPES[dtype])
-                       for file, count in info.files if count]
-        self._starts, start = [], 0
-        for count in (count for _, count in info.files if count):
-            self._starts.append(start)
-            start += count
+        self._tokens = SourceTokens(info)  # memory-mapped read-only: pages load on demand
 
     def num_samples(self, split: str) -> int:
         _check_split(split)
@@ -168,15 +162,8 @@ class MemmapDataset(TokenDataset):
         return tokens
 
     def _read(self, start: int, count: int) -> torch.Tensor:
-        """Tokens [start, start + count) of the files' concatenation, as int64."""
-        i = bisect.bisect_right(self._starts, start) - 1
-        pieces = []
-        while count > 0:
-            local = start - self._starts[i]
-            piece = self._files[i][local : local + count]
-            pieces.append(piece.to(torch.long))
-            start, count, i = start + len(piece), count - len(piece), i + 1
-        return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+        """Tokens [start, start + count) of the file, or of the shards' concatenation, as int64."""
+        return torch.from_numpy(self._tokens.read(start, count))
 
     def _id_error(self, token_id: int, start: int, limit: int) -> DataError:
         read_as = f"read as {self.dtype}"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+import subprocess
 
 import psutil
 
@@ -28,3 +30,14 @@ def node_agent(run_dir, node: int) -> psutil.Process:
               and p.cmdline()[p.cmdline().index("llmtrain.launch.node.agent") + 2] == str(node)]
     assert len(agents) == 1, agents
     return agents[0]
+
+
+def scontrol(cluster, job: str) -> str:
+    """`scontrol show job JOB`'s output on the cluster."""
+    return subprocess.run(["scontrol", "show", "job", job], env=cluster.environ(), capture_output=True, text=True,
+                          timeout=30).stdout
+
+
+def state(cluster, job: str) -> str:
+    found = re.search(r"JobState=(\S+)", scontrol(cluster, job))
+    return found.group(1) if found else "UNKNOWN"

@@ -15,7 +15,7 @@ import time
 
 import pytest
 from conftest import SMALL, read_rows, run_cli, train_losses, wait_for
-from helpers.cluster_nodes import ssh_args
+from helpers.cluster_nodes import scontrol, ssh_args, state
 from helpers.inprocess_run import train_in_process
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
@@ -30,16 +30,6 @@ def hostfile(tmp_path):
     path = tmp_path / "hosts.txt"
     path.write_text("node1 slots=1\nnode2 slots=1\n")
     return path
-
-
-def scontrol(cluster, job: str) -> str:
-    return subprocess.run(["scontrol", "show", "job", job], env=cluster.environ(), capture_output=True, text=True,
-                          timeout=30).stdout
-
-
-def state(cluster, job: str) -> str:
-    found = re.search(r"JobState=(\S+)", scontrol(cluster, job))
-    return found.group(1) if found else "UNKNOWN"
 
 
 def _run_span(info: str) -> tuple[str, str]:

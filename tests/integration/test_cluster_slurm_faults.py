@@ -17,7 +17,7 @@ import time
 import psutil
 import pytest
 from conftest import SMALL, read_rows, run_cli, wait_for
-from helpers.cluster_nodes import node_processes
+from helpers.cluster_nodes import node_processes, scontrol, state
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 # DP2 across the two nodes, one CPU of each per job, so that two jobs run at once.
@@ -27,16 +27,6 @@ LIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED")
 VERDICT = (r"llmtrain: hang: rank 1 \(node (\d), host (node[12]), local rank 0\) never entered all_reduce #\d+ on "
            r"the dp group; rank 0 waits in it; rank 1 did not answer the stack request \(process stopped\)")
 END_BOUND_S = 90  # from the SIGSTOP to no process of the job left: 5 s bound + evidence (<= 15 s) + the kill
-
-
-def scontrol(cluster, job: str) -> str:
-    return subprocess.run(["scontrol", "show", "job", job], env=cluster.environ(), capture_output=True, text=True,
-                          timeout=30).stdout
-
-
-def state(cluster, job: str) -> str:
-    found = re.search(r"JobState=(\S+)", scontrol(cluster, job))
-    return found.group(1) if found else "UNKNOWN"
 
 
 def squeue_steps(cluster, job: str) -> str:

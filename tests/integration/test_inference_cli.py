@@ -5,7 +5,6 @@ mixture under dp=2, a token file under pp=2) and to a direct computation on a to
 from __future__ import annotations
 
 import json
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -14,12 +13,12 @@ import torch
 import torch.nn.functional as F
 from conftest import SMALL
 from helpers.inprocess_run import train_in_process
+from helpers.random_checkpoint import save_random_checkpoint
 from helpers.token_shards import write_shards, write_tokens
 
 from llmtrain.checkpoint.export import export_checkpoint
 from llmtrain.cli import main
-from llmtrain.config import compose_config, to_yaml
-from llmtrain.model import build_model
+from llmtrain.config import compose_config
 
 GPT2 = ["model.n_layers=2", "model.d_model=32", "model.n_heads=2", "model.seq_len=32"]
 LLAMA = ["model=llama-tiny", "model.n_layers=2", "model.d_model=64", "model.n_heads=4", "model.n_kv_heads=2",
@@ -30,23 +29,7 @@ PROMPT = "def f(x):"
 def make_checkpoint(path: Path, *overrides: str):
     """A DCP checkpoint of a random model (every parameter moved off its init, so a mis-mapped tensor shows) as the
     trainer saves one: "model" tensors, config.yaml, meta.json."""
-    import torch.distributed.checkpoint as dcp
-
-    cfg = compose_config(list(overrides))
-    torch.manual_seed(0)
-    model = build_model(cfg.model)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            gain = p.dim() == 1 and name.endswith("weight")  # a norm's gain: around 1
-            p.copy_(torch.randn_like(p) * (0.3 if p.dim() > 1 else 0.1) + (1.0 if gain else 0.0))
-    path.mkdir(parents=True)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # "assuming the intent is to save in a single process"
-        dcp.save({"model": {n: p.detach() for n, p in model.named_parameters()}}, checkpoint_id=str(path),
-                 no_dist=True)
-    (path / "config.yaml").write_text(to_yaml(cfg))
-    (path / "meta.json").write_text(json.dumps({"step": 7}))
-    return model.eval(), cfg
+    return save_random_checkpoint(path, compose_config(list(overrides)), step=7, matrix_std=0.3)
 
 
 def cli(capsys, *argv: str) -> tuple[int, str, str]:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.random_checkpoint import save_random_checkpoint
 from helpers.hf_folders import GPT2_SMALL, hf_gpt2, hf_llama, LLAMA, transformers  # noqa: F401
 
 from llmtrain.checkpoint.pretrained import inspect_pretrained, load_pretrained
@@ -79,27 +80,7 @@ def test_the_check_reads_headers_only(hf_gpt2, monkeypatch):
 
 def llama_checkpoint(path: Path, *overrides: str):
     """A DCP checkpoint of a random llmtrain Llama (norm gains too) like the trainer's, with config.yaml."""
-    import warnings
-
-    import torch.distributed.checkpoint as dcp
-
-    from llmtrain.config import to_yaml
-    from llmtrain.model import build_model
-
-    cfg = compose_config([*LLAMA, *overrides])
-    torch.manual_seed(0)
-    model = build_model(cfg.model)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.copy_(torch.randn_like(p) * (0.2 if p.dim() > 1 else 0.1) + (1.0 if p.dim() == 1 else 0.0))
-    path.mkdir(parents=True)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # "assuming the intent is to save in a single process"
-        dcp.save({"model": {n: p.detach() for n, p in model.named_parameters()}}, checkpoint_id=str(path),
-                 no_dist=True)
-    (path / "config.yaml").write_text(to_yaml(cfg))
-    (path / "meta.json").write_text(json.dumps({"step": 3}))
-    return model.eval(), cfg
+    return save_random_checkpoint(path, compose_config([*LLAMA, *overrides]), step=3, matrix_std=0.2)
 
 
 @pytest.mark.parametrize("tie", [True, False])

@@ -166,11 +166,12 @@ def test_dry_run_states_the_memory_verdict(tmp_path, monkeypatch, capsys):
     assert main(["launch", "--dry-run", "model=gpt-13b", "data=synthetic", "launch.max_memory_ratio=null",
                  f"run.dir={run_dir}"]) == 0
     assert capsys.readouterr().out.splitlines()[-1].startswith("llmtrain: warning: the plan's peak memory is 351.4 GiB")
-    # Another backend's nodes are not this machine: the peak is stated, not compared.
+    # Another backend's nodes are not this machine: the peak is stated, not compared. Its 8 ranks share the 16
+    # samples of a step, so each trains micro-batches of 2 (8 above) and plans a smaller peak.
     assert main(["launch", "--dry-run", "model=gpt-13b", "data=synthetic", "cluster=slurm", "cluster.nnodes=1",
                  f"run.dir={run_dir}"]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == (
-        "llmtrain: the plan's peak memory is 351.4 GiB per rank; the memory of cluster=slurm's nodes is not known "
+        "llmtrain: the plan's peak memory is 195.6 GiB per rank; the memory of cluster=slurm's nodes is not known "
         "here, so it is not compared (llmtrain plan hardware=NAME compares it with a GPU's)")
     assert not run_dir.exists()
 
