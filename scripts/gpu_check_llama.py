@@ -4,7 +4,7 @@ Kept apart from gpu_check_parts.py, which calls `part_llama` lazily (the two mod
 
 from __future__ import annotations
 
-from gpu_check_parts import MIN_FP8_SPEEDUP, Part, steady
+from gpu_check_parts import MIN_FP8_SPEEDUP, Part, mfu_text, steady
 
 LLAMA_STEPS = 15
 
@@ -23,7 +23,7 @@ def part_llama(p: Part) -> tuple[str, str]:
             *(["optim.fused=torch", "train.compile=true"] if gpu else [])]
     bf16 = steady(p.launch("llama-bf16", base), s.skip)
     detail = (f"{model[0].split('=')[1]} micro {s.micro}{', compiled' if gpu else ''}: "
-              f"{bf16['tokens_per_s']:,.0f} tok/s, MFU {bf16['mfu']:.1%}")
+              f"{bf16['tokens_per_s']:,.0f} tok/s, {mfu_text(bf16['mfu'])}")
     fp8_base = [o for o in base if not o.startswith("precision=")] + ["precision=fp8"]
     problem = fp8_problem(compose_config([*fp8_base, *s.common()]))
     if problem:  # the CPU dry mode, a GPU below compute capability 8.9, no torchao
@@ -31,5 +31,5 @@ def part_llama(p: Part) -> tuple[str, str]:
     fp8 = steady(p.launch("llama-fp8", fp8_base), s.skip)
     ratio = fp8["tokens_per_s"] / bf16["tokens_per_s"]
     return ("PASS" if ratio >= MIN_FP8_SPEEDUP else "FAIL"), (
-        f"{detail}; fp8 {fp8['tokens_per_s']:,.0f} tok/s, MFU {fp8['mfu']:.1%}, {ratio:.3f}x bf16 "
+        f"{detail}; fp8 {fp8['tokens_per_s']:,.0f} tok/s, {mfu_text(fp8['mfu'])}, {ratio:.3f}x bf16 "
         f"(pass >= {MIN_FP8_SPEEDUP:g})")

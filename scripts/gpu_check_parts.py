@@ -140,13 +140,22 @@ def peak_bytes(run_dir: Path) -> int | None:
 
 
 def steady(run_dir: Path, skip: int) -> dict:
-    """Medians over the steps after `skip`: tokens/s, MFU (the trainer's, against its hardware's dense peak)."""
+    """Medians over the steps after `skip`: tokens/s, MFU (the trainer's, against its hardware's dense peak; None
+    when a row has none to show: no known peak, as on a CPU)."""
+    from llmtrain.rundir.mfu_field import shown_mfu
+
     rows = [r for r in train_rows(run_dir) if "tokens_per_s" in r and r["step"] > skip]
     if not rows:
         raise RuntimeError(f"{run_dir}/metrics.jsonl has no steps after {skip}")
+    mfus = [shown_mfu(r) for r in rows]
     return {"tokens_per_s": statistics.median(r["tokens_per_s"] for r in rows),
-            "mfu": statistics.median(r["mfu"] for r in rows) if all("mfu" in r for r in rows) else float("nan"),
+            "mfu": statistics.median(mfus) if None not in mfus else None,
             "step_time_s": statistics.median(r["step_time_s"] for r in rows)}
+
+
+def mfu_text(mfu: float | None) -> str:
+    """A steady MFU as the figures show it: only against a known peak."""
+    return f"MFU {mfu:.1%}" if mfu is not None else "MFU not shown (no known peak)"
 
 
 def size(n: float) -> str:
@@ -207,9 +216,9 @@ def part_throughput(p: Part) -> tuple[str, str]:
     batch = fast_batch if layout else [*s.big, *s.batch(s.micro)]  # the larger micro-batch only if it fits
     fast = steady(p.launch("big-fastest", [*batch, *settings, f"train.max_steps={s.steps}"]), s.skip)
     micro = s.fast_micro if layout else s.micro
-    return "PASS", (f"defaults (micro {s.micro}): {base['tokens_per_s']:,.0f} tok/s, MFU {base['mfu']:.1%}; "
+    return "PASS", (f"defaults (micro {s.micro}): {base['tokens_per_s']:,.0f} tok/s, {mfu_text(base['mfu'])}; "
                     f"fastest (micro {micro}, {' '.join(settings)}): {fast['tokens_per_s']:,.0f} tok/s, "
-                    f"MFU {fast['mfu']:.1%}")
+                    f"{mfu_text(fast['mfu'])}")
 
 
 def max_relative_difference(a: list[float], b: list[float]) -> float:

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 
-from gpu_check_parts import REPO, Part, steady
+from gpu_check_parts import REPO, Part, mfu_text, steady
 
 TOP, STEPS = 3, 10
 WARMUP = 3  # the tune's own warm-up at 10 steps: its medians are over steps 4-10
@@ -35,5 +35,5 @@ def part_tune(p: Part) -> tuple[str, str]:
     base = steady(p.defaults_run(), s.skip)
     calibrated = next((line.split("the plan is now ", 1)[1] for line in proc.stdout.splitlines()
                        if "the plan is now " in line), "not calibrated")
-    return "PASS", (f"winner {winner}: {best['tokens_per_s']:,.0f} tok/s, MFU {best['mfu']:.1%}; defaults (micro "
-                    f"{s.micro}): {base['tokens_per_s']:,.0f} tok/s, MFU {base['mfu']:.1%}; {calibrated}")
+    return "PASS", (f"winner {winner}: {best['tokens_per_s']:,.0f} tok/s, {mfu_text(best['mfu'])}; defaults "
+                    f"(micro {s.micro}): {base['tokens_per_s']:,.0f} tok/s, {mfu_text(base['mfu'])}; {calibrated}")
