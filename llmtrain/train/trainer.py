@@ -196,13 +196,9 @@ class Trainer:
         losses: list[torch.Tensor] = []
         scale = self.scaler.scale if (train and self.scaler.enabled) else 1.0
         self.model.pipeline_loss_scale = scale
-        schedule = self.model.pipeline
-        if train:
-            run = schedule.step
-        else:
-            from llmtrain.parallel.pipeline import evaluate_schedule  # imported with a pipeline only
+        from llmtrain.parallel.pipeline import evaluate_schedule  # imported with a pipeline only
 
-            run = functools.partial(evaluate_schedule, schedule)
+        run = self.model.pipeline.step if train else functools.partial(evaluate_schedule, self.model.pipeline)
         with self.model.loss_context(), self.autocast():
             if self.model.has_first_stage:
                 run(x, target=y, losses=losses)
