@@ -137,3 +137,21 @@ def cpu_peak(result) -> int | None:
         if start <= t <= end:
             peak = max(peak, total)
     return peak
+
+
+def local_state_bytes(model, optimizer) -> dict[str, int]:
+    """Bytes of parameters, gradients and optimizer state held by this rank (shards only), measured after the first
+    optimizer step; the sharding tests and the planner check against these."""
+    def nbytes(t) -> int:
+        t = t.to_local() if isinstance(t, DTensor) else t
+        return t.numel() * t.element_size()
+
+    named = list(model.named_parameters())
+    state = optimizer.state
+    return {
+        "params": sum(nbytes(p) for _, p in named),
+        "grads": sum(nbytes(p.grad) for _, p in named if p.grad is not None),
+        "optimizer": sum(nbytes(v) for _, p in named for v in state.get(p, {}).values()
+                         if torch.is_tensor(v) and v.dim() > 0),
+        "block_matrix_params": sum(nbytes(p) for n, p in named if n.startswith("layers.") and p.dim() == 2),
+    }

@@ -29,7 +29,7 @@ from llmtrain.parallel.mesh import build_mesh
 from llmtrain.train.loss_scale import DynamicLossScaler
 from llmtrain.train.data_feed import DataFeed
 from llmtrain.train.evaluation import EvalResult, evaluate
-from llmtrain.train.memory import PeakMemory, SavedActivations
+from llmtrain.train.memory import PeakMemory, SavedActivations, local_state_bytes
 from llmtrain.train.mfu import model_flops
 from llmtrain.train.collective_trace import TRACE
 from llmtrain.train.fault_injection import (SKIP_COLLECTIVE, SLEEP_IN_STEP, compute_slowdown, exit_fault,
@@ -248,7 +248,7 @@ class Trainer:
             self.slowdown(self.step + 1, compute_s)
             self.compute.stop()
         if self.step == 0:
-            self.state_bytes = self.local_state_bytes()
+            self.state_bytes = local_state_bytes(self.model, self.optimizer)
             self.state_bytes["activations"] = self.saved_activations.total
         self.scaler.update(overflow)
         # Gradients are freed (torch's default set_to_none=True); apex's FusedAdam.zero_grad takes no argument.
@@ -277,23 +277,6 @@ class Trainer:
         if self.dims.dp > 1:
             dist.all_reduce(loss, op=dist.ReduceOp.AVG, group=self.dp_group)
         return loss
-
-    def local_state_bytes(self) -> dict[str, int]:
-        """Bytes of parameters, gradients and optimizer state held by this rank (shards only), measured after
-        the first optimizer step; the sharding tests and the planner check against these."""
-        def nbytes(t) -> int:
-            t = t.to_local() if isinstance(t, DTensor) else t
-            return t.numel() * t.element_size()
-
-        named = list(self.model.named_parameters())
-        state = self.optimizer.state
-        return {
-            "params": sum(nbytes(p) for _, p in named),
-            "grads": sum(nbytes(p.grad) for _, p in named if p.grad is not None),
-            "optimizer": sum(nbytes(v) for _, p in named for v in state.get(p, {}).values()
-                             if torch.is_tensor(v) and v.dim() > 0),
-            "block_matrix_params": sum(nbytes(p) for n, p in named if n.startswith("layers.") and p.dim() == 2),
-        }
 
     def evaluate(self) -> EvalResult:
         return evaluate(self)

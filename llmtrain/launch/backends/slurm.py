@@ -8,9 +8,8 @@ job, which then stops again before it trains), `--requeue`
 lets Slurm restart a preempted job, and `checkpoint.resume=auto` makes the restarted job continue from its newest
 checkpoint. A USR1 to the batch shell (`--signal=B:USR1@N`, `scancel --batch`) is a preemption notice, passed on
 to the steps (sbatch_lines.py). The job takes the run directory's lock itself when it starts (slurm_job_start.py),
-so a second submission of the same script refuses to run beside the first. The job also watches itself for hangs
-(slurm_hang_watch.py), followed or not: it says the verdict in its log and ends its steps; a follower shows those
-lines and runs no hang detection of its own.
+so a second submission of the same script refuses to run beside the first. The job watches itself for hangs,
+followed or not (slurm_hang_watch.py); a follower shows its verdict and runs no hang detection of its own.
 
 A submitted job belongs to Slurm: the launcher only submits it, and with cluster.follow follows it. Ctrl-C stops
 following and leaves the job running; a job Slurm will never start (NEVER_STARTS) is cancelled with its reason.
