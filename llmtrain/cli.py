@@ -161,9 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
         "list", help="checkpoints of a run: step, complete or not, size, layout",
         description="List a run's checkpoints: step, complete or not, size, and the layout they were saved with."))
     add_export_arguments(ckpt_sub.add_parser(
-        "export", help="consolidated weights as safetensors or a Hugging Face GPT-2 folder",
+        "export", help="consolidated weights as safetensors or a Hugging Face folder",
         description="Write a checkpoint's consolidated weights: --format safetensors (llmtrain names) or hf (a "
-                    "folder transformers.GPT2LMHeadModel.from_pretrained loads)."))
+                    "folder transformers' from_pretrained loads as the model family's class)."))
     from llmtrain.checkpoint.diff_cli import add_diff_arguments
     from llmtrain.checkpoint.verify_cli import add_verify_arguments
 

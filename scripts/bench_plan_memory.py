@@ -20,6 +20,8 @@ import tempfile
 MODEL = ["model.n_layers=4", "model.d_model=256", "model.n_heads=4", "model.seq_len=512", "train.micro_batch_size=4",
          "train.max_steps=2", "train.eval_interval=0", "checkpoint.at_end=false", "data=synthetic", "hardware=cpu",
          "profile.memory=true"]
+SPARSE_EVERY_2 = ("model.moe={n_experts:4,top_k:2,expert_ffn_dim:null,n_shared_experts:0,norm_topk_prob:false,"
+                  "router_aux_loss_coef:0.0,router_z_loss_coef:0.0,n_dense_layers:1,sparse_every:2}")
 LAYOUTS = {
     "1 process": ["cluster.nproc_per_node=1"],
     "dp2 zero=3": ["cluster.nproc_per_node=2", "parallel.zero=3"],
@@ -36,6 +38,14 @@ LAYOUTS = {
     "llama tp2 +sp": ["model=llama-tiny", "cluster.nproc_per_node=2", "parallel.tp=2", "parallel.sequence_parallel=true"],
     "llama pp2 1f1b untied": ["model=llama-tiny", "model.tie_embeddings=false", "cluster.nproc_per_node=2",
                               "parallel.pp=2", "train.global_batch_size=8"],
+    # Mixtures of experts: moe-tiny (Qwen3's block: q/k norms; layer 0 dense, 1-3 sparse, 8 experts of width 64,
+    # 2 per token, a shared expert) at d_model 256; and with 4 experts as wide as its dense MLP (384) on layers 1
+    # and 3 only (sparse_every=2), no shared expert, no auxiliary loss.
+    "moe-tiny 1 process": ["model=moe-tiny", "cluster.nproc_per_node=1"],
+    "moe-tiny tp2 +sp": ["model=moe-tiny", "cluster.nproc_per_node=2", "parallel.tp=2",
+                         "parallel.sequence_parallel=true"],
+    "moe every 2nd 1 process": ["model=moe-tiny", SPARSE_EVERY_2, "cluster.nproc_per_node=1"],
+    "moe every 2nd dp2 zero=3": ["model=moe-tiny", SPARSE_EVERY_2, "cluster.nproc_per_node=2", "parallel.zero=3"],
 }
 # Printed, not held to 10%: their peaks are small (~55 MiB) and have landed within 10% but up to 9% off, and a run's
 # measured peak can read a few MiB high (a free on a collective's thread goes unrecorded unless its address is
@@ -91,8 +101,8 @@ def main() -> None:
     parser.add_argument("--workdir", default=None)
     args = parser.parse_args()
     workdir = args.workdir or tempfile.mkdtemp(prefix="llmtrain-plan-bench-")
-    print("GPT-2 and Llama (llama-tiny's block) 4 x 256, seq 512, micro-batch 4, fp32; MiB per rank (predicted / "
-          "measured / error); peak: steps 1-2")
+    print("GPT-2, Llama (llama-tiny's block) and mixtures of experts (moe-tiny's) 4 x 256, seq 512, micro-batch 4, "
+          "fp32; MiB per rank (predicted / measured / error); peak: steps 1-2")
     print(f"{'layout':<26}{'rank':>5}{'state':>30}{'activations (1 micro-batch)':>36}{'peak':>30}")
     for name, overrides in [*LAYOUTS.items(), *((f"{k} (*)", v) for k, v in NEAR_EDGE.items())]:
         for r in compare(name, overrides, workdir):

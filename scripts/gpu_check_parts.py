@@ -39,12 +39,13 @@ TITLES = {
     "fp8": "9 fp8 (torchao float8) vs bf16, compiled",
     "llama": "10 llama3-1b bf16 tokens/s and MFU, fp8 vs bf16",
     "tune": "11 llmtrain tune (top 3): the winner's MFU vs the defaults'",
+    "moe": "12 MoE (OLMoE shape, 4 layers) bf16 tokens/s and MFU, grouped vs loop",
 }
 # Each part's time limit on one H200, in seconds, its first compile included (estimates: not yet measured on a
 # GPU). The default parts and the script's own start-up fit DEADLINE_S: an 8-minute GPU loan less ~90 s for the
 # machine's start and the transfers. The other parts are opt-in (--long, --parts).
 BUDGET_S = {"smoke": 60, "throughput": 150, "memory": 60, "resume": 90, "plain": 150, "fp16": 120,
-            "async_save": 150, "apex": 120, "fp8": 330, "llama": 330, "tune": 240}
+            "async_save": 150, "apex": 120, "fp8": 330, "llama": 330, "tune": 240, "moe": 150}
 DEFAULT_PARTS = ("smoke", "throughput", "memory", "resume")
 DEADLINE_S = 390
 LONG_SLACK_S = 30  # --long: the deadline is the sum of the limits plus this (start-up, summary)
@@ -373,9 +374,15 @@ def part_tune(p: Part) -> tuple[str, str]:
     return run(p)
 
 
+def part_moe(p: Part) -> tuple[str, str]:
+    from gpu_check_moe import part_moe as run  # its own module, as llama's
+
+    return run(p)
+
+
 PARTS = {"smoke": part_smoke, "throughput": part_throughput, "plain": part_plain, "fp16": part_fp16,
          "memory": part_memory, "resume": part_resume, "async_save": part_async_save, "apex": part_apex,
-         "fp8": part_fp8, "llama": part_llama, "tune": part_tune}
+         "fp8": part_fp8, "llama": part_llama, "tune": part_tune, "moe": part_moe}
 
 
 def record(out: Path, part: str, status: str, detail: str, log: str) -> None:

@@ -1,1 +1,1 @@
-"""Checkpoints: saving and loading training state (DCP), and export to safetensors / Hugging Face GPT-2."""
+"""Checkpoints: saving and loading training state (DCP), and export to safetensors / a Hugging Face folder."""

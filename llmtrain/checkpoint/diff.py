@@ -6,18 +6,23 @@ from omegaconf import DictConfig
 
 from llmtrain.checkpoint.store import CheckpointUsageError
 from llmtrain.config.compose import flat_keys, to_plain
+from llmtrain.model.registry import family_of
 
 # Keys that fix parameter shapes: resuming with another value cannot load the weights.
 SHAPE_KEYS = ("model.arch", "model.n_layers", "model.n_heads", "model.n_kv_heads", "model.d_model", "model.vocab_size",
               "model.vocab_pad_multiple", "model.seq_len", "model.head_dim", "model.ffn_dim",
-              "model.ffn_dim_multiplier", "model.multiple_of", "model.tie_embeddings")
-# A Llama has no position table: its seq_len may change between launches of a run.
+              "model.ffn_dim_multiplier", "model.multiple_of", "model.tie_embeddings",
+              # model.moe null <-> set, and what sizes its experts or places its sparse layers
+              "model.moe", "model.moe.n_experts", "model.moe.expert_ffn_dim", "model.moe.n_shared_experts",
+              "model.moe.n_dense_layers", "model.moe.sparse_every")
+# Fixed by the weights only where the family has a position table: otherwise seq_len may change between launches.
 LENGTH_KEY = "model.seq_len"
 
 
 def shape_keys(cfg: DictConfig) -> tuple[str, ...]:
     """SHAPE_KEYS for the model `cfg` builds."""
-    return tuple(k for k in SHAPE_KEYS if not (k == LENGTH_KEY and cfg.model.arch == "llama"))
+    learned_positions = family_of(cfg.model).learned_positions
+    return tuple(k for k in SHAPE_KEYS if k != LENGTH_KEY or learned_positions)
 # Keys expected to differ between attempts of the same run (a key, or a section ending in ".").
 IGNORED = ("checkpoint.resume", "cluster.master_port", "cluster.node_rank", "run.overwrite", "doctor.")
 
@@ -31,7 +36,7 @@ def config_diff(old: DictConfig, new: DictConfig) -> list[tuple[str, object, obj
 def check_resumable(old: DictConfig, new: DictConfig, path: str) -> list[tuple[str, object, object]]:
     """The differences; raises CheckpointUsageError when a shape-defining key differs."""
     diff = config_diff(old, new)
-    keys = shape_keys(new) if old.model.arch == new.model.arch else SHAPE_KEYS
+    keys = shape_keys(new) if family_of(old.model) is family_of(new.model) else SHAPE_KEYS
     shape = [(k, x, y) for k, x, y in diff if k in keys]
     if shape:
         what = ", ".join(f"{k} {x} -> {y}" for k, x, y in shape)

@@ -1,9 +1,9 @@
-"""Export a DCP checkpoint to safetensors (llmtrain names) or a Hugging Face GPT-2 / Llama folder.
+"""Export a DCP checkpoint to safetensors (llmtrain names) or a Hugging Face folder of the model's family.
 
 A checkpoint folder (CKPT/) holds the DCP files, the run's config.yaml and meta.json; its model tensors are stored
 under "model.<parameter name>" whatever the parallel layout was, so one process without a process group can read
-them back as full (consolidated) tensors. The Hugging Face names and config.json come from hf_gpt2.py and
-hf_llama.py; loading such folders back (model.init_from) is pretrained.py.
+them back as full (consolidated) tensors. The Hugging Face names and config.json come from the family's adapter
+(llmtrain/model/<family>/hf.py); loading such folders back (model.init_from) is pretrained.py.
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
-from llmtrain.checkpoint import hf_gpt2
 # read_safetensors and read_safetensors_metadata: also imported from here by callers of the export.
 from llmtrain.checkpoint.safetensors_io import (process_umask, read_safetensors,  # noqa: F401
                                                 read_safetensors_metadata, write_safetensors)
-from llmtrain.checkpoint.weight_map import EMBED, HEAD, clean_name, model_shapes
+from llmtrain.checkpoint.weight_map import EMBED, HEAD, clean_name, state_shapes
 from llmtrain.config import ConfigError, load_run_config, to_yaml
 from llmtrain.config.derived import padded_vocab_size
+from llmtrain.model.registry import family_of
 from llmtrain.rundir.atomic import publish_dir
 
 FORMATS = ("safetensors", "hf")
@@ -33,7 +33,6 @@ CONFIG_FILE = "config.yaml"
 METADATA_FILE = ".metadata"
 SAFETENSORS_FILE = "model.safetensors"
 HF_CONFIG_FILE = "config.json"
-HF_KINDS = {"gpt2": "Hugging Face GPT-2 folder", "llama": "Hugging Face Llama folder"}
 
 
 # ---- reading a DCP checkpoint --------------------------------------------------------------------------------
@@ -67,7 +66,8 @@ def _read_dcp_metadata(ckpt: Path):
 
 
 def load_model_state(ckpt_dir: str | os.PathLike) -> tuple[dict[str, torch.Tensor], DictConfig]:
-    """Full fp32 model tensors of a DCP checkpoint with llmtrain names (no "model." prefix), and its run config.
+    """Full fp32 model tensors of a DCP checkpoint with llmtrain names (no "model." prefix), and its run config:
+    the parameters and the persistent buffers (a mixture-of-experts layer's routing bias), as load_state_dict takes.
 
     Runs in one process without a process group; DCP reassembles whatever shards the run's layout wrote. A tied
     head is the embedding, so then only embed.tok.weight is returned (a stored head.weight is dropped).
@@ -86,7 +86,8 @@ def load_model_state(ckpt_dir: str | os.PathLike) -> tuple[dict[str, torch.Tenso
     if not stored:
         raise ConfigError(str(ckpt / METADATA_FILE), "no model tensors in this checkpoint (no 'model.*' keys)")
 
-    expected = model_shapes(cfg.model)
+    params, buffers = state_shapes(cfg.model)
+    expected = {**params, **buffers}
     for name, shape in expected.items():
         if name not in stored:
             raise ConfigError(str(ckpt), f"model tensor {name} is missing from the checkpoint")
@@ -116,18 +117,24 @@ def _read_meta_json(ckpt: Path) -> dict:
 
 
 def check_hf_exportable(model_cfg) -> None:
-    """ConfigError unless `--format hf` can hold this model (a Llama always can). Reads the config only."""
-    if getattr(model_cfg, "arch", "gpt2") == "gpt2":
-        hf_gpt2.check_exportable(model_cfg)
+    """ConfigError unless `--format hf` can hold this model (the family's adapter says). Reads the config only."""
+    spec = family_of(model_cfg)
+    if spec.hf_adapter() is None:
+        raise ConfigError("--format", f"{spec.setting} has no Hugging Face format; use --format safetensors")
+    spec.hf_adapter().check_exportable(model_cfg)
 
 
-def _hf_files(tensors: dict[str, torch.Tensor], model_cfg) -> dict:
-    if getattr(model_cfg, "arch", "gpt2") == "llama":
-        from llmtrain.checkpoint import hf_llama as arch
-    else:
-        arch = hf_gpt2
-    return {SAFETENSORS_FILE: arch.to_hf_state(tensors, model_cfg),
-            HF_CONFIG_FILE: json.dumps(arch.hf_config(model_cfg), indent=2) + "\n"}
+def _hf_files(tensors: dict[str, torch.Tensor], params: set[str], model_cfg) -> dict:
+    """The family adapter's names (a stacked parameter may become several tensors) and config.json. Hugging Face
+    models have parameters only: a persistent buffer is left out while it holds zeros (its initial value)."""
+    spec = family_of(model_cfg)
+    for name, t in tensors.items():
+        if name not in params and torch.count_nonzero(t):
+            raise ConfigError("--format", f"{name} is not zero and Hugging Face {spec.title} has no place for it; "
+                                          f"use --format safetensors")
+    adapter = spec.hf_adapter()
+    return {SAFETENSORS_FILE: adapter.to_hf_state({n: t for n, t in tensors.items() if n in params}, model_cfg),
+            HF_CONFIG_FILE: json.dumps(adapter.hf_config(model_cfg), indent=2) + "\n"}
 
 
 # ---- export --------------------------------------------------------------------------------------------------
@@ -154,9 +161,11 @@ def export_checkpoint(ckpt_dir: str | os.PathLike, fmt: str, out_dir: str | os.P
     if fmt == "hf":
         check_hf_exportable(cfg.model)
     tensors, cfg = load_model_state(ckpt)
+    params = set(state_shapes(cfg.model)[0])
     vocab = cfg.model.vocab_size
     # Parameters as exported: the vocabulary's padding rows (of the embedding, and of an untied head) are cut off.
-    num_params = sum(t[:vocab].numel() if n in (EMBED, HEAD) else t.numel() for n, t in tensors.items())
+    num_params = sum(t[:vocab].numel() if n in (EMBED, HEAD) else t.numel() for n, t in tensors.items()
+                     if n in params)
 
     meta = {"format": "pt", "producer": "llmtrain", "source": str(ckpt.resolve())}
     run_meta = _read_meta_json(ckpt)
@@ -167,8 +176,8 @@ def export_checkpoint(ckpt_dir: str | os.PathLike, fmt: str, out_dir: str | os.P
         meta.update(layout="llmtrain", vocab_size=str(vocab), padded_vocab_size=str(padded_vocab_size(cfg.model)))
         files = {SAFETENSORS_FILE: st, CONFIG_FILE: to_yaml(cfg)}
     else:
-        meta.update(layout=f"hf-{getattr(cfg.model, 'arch', 'gpt2')}")
-        files = _hf_files(tensors, cfg.model)
+        meta.update(layout=f"hf-{family_of(cfg.model).name}")
+        files = _hf_files(tensors, params, cfg.model)
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
@@ -186,5 +195,5 @@ def export_checkpoint(ckpt_dir: str | os.PathLike, fmt: str, out_dir: str | os.P
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    kind = HF_KINDS[getattr(cfg.model, "arch", "gpt2")] if fmt == "hf" else "llmtrain safetensors"
+    kind = f"Hugging Face {family_of(cfg.model).title} folder" if fmt == "hf" else "llmtrain safetensors"
     return {"out": str(out), "format": fmt, "kind": kind, "files": sorted(files), "num_params": num_params}

@@ -15,7 +15,7 @@ def add_export_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", required=True, choices=FORMATS, dest="format",
                         help="safetensors: model.safetensors with llmtrain names + config.yaml; "
                              "hf: a Hugging Face folder (config.json + model.safetensors) that transformers' "
-                             "GPT2LMHeadModel (model.arch=gpt2) or LlamaForCausalLM (llama) loads")
+                             "from_pretrained loads as the model family's class (config.json's architectures)")
     parser.add_argument("--out", required=True, metavar="DIR",
                         help="folder to create (must not exist, or be empty)")
 

@@ -1,10 +1,12 @@
-"""model.init_from: weights from a Hugging Face GPT-2 or Llama folder, or an llmtrain safetensors export.
+"""model.init_from: weights from a Hugging Face folder of a family llmtrain reads (its adapter,
+model/<family>/hf.py, names and checks them), or an llmtrain safetensors export.
 
 `inspect_pretrained` reads only what the files say about themselves (safetensors headers, config.json, an index)
 and checks every tensor's name and shape against the model the config builds: the launcher calls it before
 anything starts, so a wrong folder is one line naming the tensor, the file and both shapes. The workers then read
 each parameter's full fp32 tensor by its llmtrain name (`source[name]`, one at a time; init keeps the rank's
-shards of it), or all of them at once (`load`).
+shards of it), or all of them at once (`load`). A parameter stacked from several stored tensors (a mixture-of-experts
+layer's experts, stored one by one in a Hugging Face folder) is read row by row and stacked.
 """
 
 from __future__ import annotations
@@ -13,24 +15,25 @@ import contextlib
 import json
 import math
 import os
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from llmtrain.checkpoint import hf_gpt2
+from llmtrain.checkpoint.pretrained_match import KEY, match_pieces
 from llmtrain.checkpoint.safetensors_io import open_safetensors, read_safetensors_header
-from llmtrain.checkpoint.weight_map import EMBED, HEAD, POS, Piece, clean_name, model_shapes, shape_key
+from llmtrain.checkpoint.weight_map import EMBED, HEAD, POS, Piece, clean_name, state_shapes
 from llmtrain.config import ConfigError
-from llmtrain.config.derived import padded_vocab_size
+from llmtrain.model.family import FamilySpec
+from llmtrain.model.registry import FAMILIES, family, family_for_hf_type, family_of
 
-KEY = "model.init_from"
 SAFETENSORS_FILE = "model.safetensors"
 HF_CONFIG_FILE = "config.json"
 HF_BIN_FILE = "pytorch_model.bin"
 HF_INDEX_FILE = "model.safetensors.index.json"
-FORMAT_NAMES = {"hf-gpt2": "HF GPT-2", "hf-llama": "HF Llama", "llmtrain": "llmtrain safetensors"}
+LLMTRAIN_FORMAT = "llmtrain"
 _FLOAT_DTYPES = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")
 
 
@@ -49,28 +52,34 @@ class Pretrained(Mapping):
     """A checked model.init_from source: llmtrain parameter name -> its full fp32 tensor, read when asked for."""
 
     path: Path
-    format: str  # a key of FORMAT_NAMES
+    spec: FamilySpec | None  # the family whose Hugging Face names the files hold; None: llmtrain names
     files: list[Path]
     stored: dict[str, Stored]  # by stored name
-    pieces: dict[str, Piece] = field(default_factory=dict)  # by llmtrain name, once checked
+    # By llmtrain name, once checked: its one Piece, or a stacked parameter's rows in slot order.
+    pieces: dict[str, list[Piece]] = field(default_factory=dict)
     expected_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # of the model the config builds
+
+    @property
+    def format(self) -> str:
+        return LLMTRAIN_FORMAT if self.spec is None else f"hf-{self.spec.name}"
+
+    @property
+    def format_name(self) -> str:
+        return "llmtrain safetensors" if self.spec is None else f"HF {self.spec.title}"
 
     def describe(self) -> str:
         """The rank-0 log line: what was loaded from where."""
-        count = sum(math.prod(p.shape(self.stored[p.key].shape)) for p in self.pieces.values())
+        count = sum(math.prod(p.shape(self.stored[p.key].shape)) for ps in self.pieces.values() for p in ps)
         files = f", {len(self.files)} files" if len(self.files) > 1 else ""
         return (f"{KEY}: loaded {len(self.pieces)} tensors ({count:,} parameters) from {self.path} "
-                f"({FORMAT_NAMES[self.format]}{files})")
+                f"({self.format_name}{files})")
 
     def __getitem__(self, name: str) -> torch.Tensor:
-        """One parameter's full fp32 tensor, read on its own from the memory-mapped file: a rank initializing its
+        """One parameter's full fp32 tensor, read on its own from the memory-mapped files: a rank initializing its
         shards holds one full tensor at a time, not the whole model (32 GB in fp32 for an 8B)."""
-        piece = self.pieces[name]
-        stored = self.stored[piece.key]
-        if stored.tensor is None:
-            with open_safetensors(stored.file) as f:
-                return _fit(name, piece.take(f.get_tensor(piece.key)), self.expected_shapes[name])
-        return _fit(name, piece.take(stored.tensor), self.expected_shapes[name])
+        with contextlib.ExitStack() as opened:
+            read = _Reader(self.stored, opened)
+            return self._assemble(name, [read(p.key) for p in self.pieces[name]])
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.pieces)
@@ -82,19 +91,41 @@ class Pretrained(Mapping):
         """Full fp32 tensors with llmtrain names; the embedding (and an untied head) gets zero rows up to the
         padded vocabulary, a longer position table keeps its first seq_len rows."""
         out: dict[str, torch.Tensor] = {}
-        by_file: dict[Path, list[Piece]] = {}
-        for piece in self.pieces.values():
-            by_file.setdefault(self.stored[piece.key].file, []).append(piece)
-        for path, pieces in by_file.items():
-            handle = open_safetensors(path) if path.suffix == ".safetensors" else None
-            with handle if handle is not None else contextlib.nullcontext():
-                raw: dict[str, torch.Tensor] = {}  # each stored tensor read once (GPT-2's c_attn feeds q, k, v)
-                for piece in pieces:
-                    if piece.key not in raw:
-                        stored = self.stored[piece.key]
-                        raw[piece.key] = stored.tensor if stored.tensor is not None else handle.get_tensor(piece.key)
-                    out[piece.name] = _fit(piece.name, piece.take(raw[piece.key]), self.expected_shapes[piece.name])
+        uses = Counter(p.key for pieces in self.pieces.values() for p in pieces)
+        with contextlib.ExitStack() as opened:
+            read = _Reader(self.stored, opened)
+            raw: dict[str, torch.Tensor] = {}  # each stored tensor read once (GPT-2's c_attn feeds q, k, v) ...
+            for name, pieces in self.pieces.items():
+                for key in {p.key for p in pieces} - raw.keys():
+                    raw[key] = read(key)
+                out[name] = self._assemble(name, [raw[p.key] for p in pieces])
+                for p in pieces:  # ... and let go of once its last piece is taken
+                    uses[p.key] -= 1
+                    if not uses[p.key]:
+                        del raw[p.key]
         return {n: out[n] for n in self.expected_shapes}
+
+    def _assemble(self, name: str, stored: list[torch.Tensor]) -> torch.Tensor:
+        """Parameter `name` from the stored tensors of its pieces (in their order)."""
+        pieces = self.pieces[name]
+        rows = [p.take(t) for p, t in zip(pieces, stored)]
+        t = torch.stack(rows) if pieces[0].stacked else rows[0]
+        return _fit(name, t, self.expected_shapes[name])
+
+
+class _Reader:
+    """Reads stored tensors by name, opening each safetensors file once while `opened` lasts."""
+
+    def __init__(self, stored: dict[str, Stored], opened: contextlib.ExitStack):
+        self.stored, self.opened, self.handles = stored, opened, {}
+
+    def __call__(self, key: str) -> torch.Tensor:
+        stored = self.stored[key]
+        if stored.tensor is not None:
+            return stored.tensor
+        if stored.file not in self.handles:
+            self.handles[stored.file] = self.opened.enter_context(open_safetensors(stored.file))
+        return self.handles[stored.file].get_tensor(key)
 
 
 def _fit(name: str, t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
@@ -164,30 +195,30 @@ def _read_hf_config(folder: Path) -> dict:
     return conf
 
 
-def _format_of(keys, hf_conf: dict | None, where: Path) -> str:
-    if hf_conf is not None:
-        model_type = hf_conf.get("model_type", "gpt2")
-        if model_type not in ("gpt2", "llama"):
-            raise ConfigError(KEY, f"{where / HF_CONFIG_FILE}: model_type {model_type!r} is neither gpt2 nor llama")
-        return f"hf-{model_type}"
-    if any(clean_name(k) == EMBED for k in keys):
-        return "llmtrain"
-    if hf_gpt2.is_gpt2_state(keys):
-        return "hf-gpt2"
-    if "model.embed_tokens.weight" in keys:
-        return "hf-llama"
-    raise ConfigError(KEY, f"{where}: neither llmtrain names ({EMBED}) nor Hugging Face GPT-2 "
-                           f"(transformer.wte.weight) or Llama (model.embed_tokens.weight) names found")
+def _hf_families() -> list[FamilySpec]:
+    return [s for s in map(family, FAMILIES) if s.hf]
 
 
-def _pieces_of(fmt: str, key: str) -> list[Piece] | None:
-    if fmt == "llmtrain":
-        return [Piece(clean_name(key), key)]
-    if fmt == "hf-gpt2":
-        return hf_gpt2.pieces(key)
-    from llmtrain.checkpoint.hf_llama import pieces
-
-    return pieces(key)
+def _source_family(keys, hf_conf: dict | None, where: Path, model_cfg) -> FamilySpec | None:
+    """The family whose Hugging Face names the files hold (config.json's model_type says, else the names), or
+    None for llmtrain names."""
+    if hf_conf is not None and "model_type" in hf_conf:
+        spec = family_for_hf_type(hf_conf["model_type"])
+        if spec is None or not spec.hf:
+            known = ", ".join(t for s in _hf_families() for t in s.hf_model_types)
+            raise ConfigError(KEY, f"{where / HF_CONFIG_FILE}: model_type {hf_conf['model_type']!r} is not one "
+                                   f"llmtrain reads ({known})")
+        return spec
+    if hf_conf is None and any(clean_name(k) == EMBED for k in keys):
+        return None
+    # Families may share names (Llama-like ones): the configured family first among those that recognize them.
+    found = [s for s in _hf_families() if s.hf_adapter().is_state(keys)]
+    if found:
+        own = family_of(model_cfg)
+        return own if own in found else found[0]
+    titles = ", ".join(s.title for s in _hf_families())
+    raise ConfigError(KEY, f"{where}: neither llmtrain names ({EMBED}) nor the Hugging Face names of a family "
+                           f"llmtrain reads ({titles}) found")
 
 
 def configured_pretrained(model_cfg) -> Pretrained | None:
@@ -198,8 +229,8 @@ def configured_pretrained(model_cfg) -> Pretrained | None:
 def inspect_pretrained(path: str | os.PathLike, model_cfg) -> Pretrained:
     """Check `model.init_from=path` against the model `model_cfg` builds, reading no tensor data from safetensors
     files: every tensor present with its shape (the vocabulary may be the real or the padded one; a position table
-    may be longer than model.seq_len), nothing unexpected, and for a Hugging Face folder its config.json agrees
-    with what shapes cannot tell. The first difference is a ConfigError naming it."""
+    may be longer than model.seq_len; a stacked parameter has every row), nothing unexpected, and for a Hugging Face
+    folder its config.json agrees with what shapes cannot tell. The first difference is a ConfigError naming it."""
     p = Path(os.path.expanduser(os.fspath(path)))
     if not p.exists():
         raise ConfigError(KEY, f"no such file or folder: {p}")
@@ -218,61 +249,17 @@ def inspect_pretrained(path: str | os.PathLike, model_cfg) -> Pretrained:
     stored: dict[str, Stored] = {}
     for f in files:
         stored.update(_file_entries(f))
-    src = Pretrained(p, _format_of(stored, hf_conf, p), files, stored)
+    src = Pretrained(p, _source_family(stored, hf_conf, p, model_cfg), files, stored)
 
-    arch = getattr(model_cfg, "arch", "gpt2")
-    src_arch = {"hf-gpt2": "gpt2", "hf-llama": "llama"}.get(src.format)
-    if src_arch is not None and src_arch != arch:
-        raise ConfigError(KEY, f"{p} holds a {FORMAT_NAMES[src.format]} model but model.arch={arch}; set "
-                               f"model.arch={src_arch} (and its sizes)")
-    src.expected_shapes = expected = model_shapes(model_cfg)
-    _match(src, expected, model_cfg, arch)
+    own = family_of(model_cfg)
+    if src.spec is not None and src.spec is not own:
+        raise ConfigError(KEY, f"{p} holds a {src.format_name} model but {own.setting}; set "
+                               f"{src.spec.setting} (and its sizes)")
+    src.expected_shapes, buffers = state_shapes(model_cfg)
+    src.pieces = match_pieces(src, model_cfg, own, not_loaded=set(buffers))
     if hf_conf is not None:
-        conf_path = p / HF_CONFIG_FILE
-        if src.format == "hf-gpt2":
-            hf_gpt2.check_hf_config(hf_conf, conf_path, model_cfg)
-        else:
-            from llmtrain.checkpoint.hf_llama import check_hf_config
-
-            check_hf_config(hf_conf, conf_path, model_cfg)
+        own.hf_adapter().check_hf_config(hf_conf, p / HF_CONFIG_FILE, model_cfg)
     return src
-
-
-def _match(src: Pretrained, expected: dict[str, tuple[int, ...]], model_cfg, arch: str) -> None:
-    pieces: dict[str, Piece] = {}
-    for key in src.stored:
-        found = _pieces_of(src.format, key)
-        if found is None:
-            raise ConfigError(KEY, f"unexpected tensor {key} in {src.stored[key].file} (not a "
-                                   f"{FORMAT_NAMES[src.format]} name)")
-        for piece in found:
-            pieces.setdefault(piece.name, piece)
-    if HEAD not in expected:
-        pieces.pop(HEAD, None)  # a tied head is the embedding: a stored copy is not used
-    vocab, padded = model_cfg.vocab_size, padded_vocab_size(model_cfg)
-    for name, shape in expected.items():
-        if name not in pieces:
-            hint = " (the file's model ties its head: set model.tie_embeddings=true)" if name == HEAD else ""
-            raise ConfigError(KEY, f"missing tensor {name} in {src.path}{hint}")
-        piece, stored = pieces[name], src.stored[pieces[name].key]
-        got = piece.shape(stored.shape)
-        if name in (EMBED, HEAD) and got[1:] == shape[1:] and got[0] in (vocab, padded):
-            pass  # the real vocabulary (Hugging Face) or the padded one
-        elif name == POS and got[1:] == shape[1:] and got[0] > shape[0]:
-            pass  # a longer position table: its first seq_len rows are used
-        elif got != shape:
-            want = (vocab, *shape[1:]) if name in (EMBED, HEAD) else shape
-            dim = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), 0)
-            raise ConfigError(KEY, f"{name} is {list(got)} in {stored.file} but the config builds {list(want)} "
-                                   f"({shape_key(name, dim, arch)})")
-        if not stored.floating:
-            raise ConfigError(KEY, f"{name} in {stored.file} is not a floating-point tensor")
-    unexpected = [n for n in pieces if n not in expected]
-    if unexpected:
-        name = unexpected[0]
-        raise ConfigError(KEY, f"unexpected tensor {pieces[name].key} in {src.stored[pieces[name].key].file} "
-                               f"(does model.n_layers match?)")
-    src.pieces = {n: pieces[n] for n in expected}
 
 
 def load_pretrained(path: str | os.PathLike, model_cfg) -> dict[str, torch.Tensor]:

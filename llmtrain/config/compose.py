@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import typing
 import warnings
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
@@ -17,7 +18,7 @@ from llmtrain.config.derived import world_size
 from llmtrain.config.errors import ConfigError
 from llmtrain.config.key_origin import unknown_key_error
 from llmtrain.config.override_checks import check_deletions, quoting_error
-from llmtrain.config.schema import DataSourceConfig, LLMTrainConfig, RopeScalingConfig
+from llmtrain.config.schema import DataSourceConfig, LLMTrainConfig, ModelConfig
 
 PRIMARY_CONFIG = "config"
 
@@ -230,7 +231,19 @@ def _first_line(text: str) -> str:
     return text.strip().splitlines()[0] if text.strip() else text
 
 
-_ROPE_SCALING_FIELDS = {f.name for f in dataclasses.fields(RopeScalingConfig)}
+# Optional sections: null until set whole, so their fields cannot be overridden one by one before that.
+def _optional_sections() -> dict[str, set[str]]:
+    """{"model.NAME": its fields} for each model section that defaults to null (rope scaling, experts)."""
+    hints = typing.get_type_hints(ModelConfig)
+    sections = {}
+    for f in dataclasses.fields(ModelConfig):
+        inner = [t for t in typing.get_args(hints[f.name]) if dataclasses.is_dataclass(t)]
+        if f.default is None and inner:
+            sections[f"model.{f.name}"] = {g.name for g in dataclasses.fields(inner[0])}
+    return sections
+
+
+_OPTIONAL_SECTIONS = _optional_sections()
 
 
 def _omegaconf_error(e: OmegaConfBaseException, raw: DictConfig | None = None) -> ConfigError:
@@ -242,10 +255,10 @@ def _omegaconf_error(e: OmegaConfBaseException, raw: DictConfig | None = None) -
         msg = "unknown key (not in the schema; check its spelling)"
         if key.startswith("env."):
             msg = f"not set yet: add a new variable with +{key}=VALUE (with '+')"
-        elif key.startswith("model.rope_scaling.") and key.split(".")[2] in _ROPE_SCALING_FIELDS:
+        elif key.rpartition(".")[2] in _OPTIONAL_SECTIONS.get(key.rpartition(".")[0], ()):
             # A known field of an optional section that is null until set whole.
-            field_name = key.split(".")[2]
-            msg = (f"model.rope_scaling is null here; set the section whole: model.rope_scaling={{{field_name}:...}} "
+            section, _, field_name = key.rpartition(".")
+            msg = (f"{section} is null here; set the section whole: {section}={{{field_name}:...}} "
                    "(its other fields take their defaults)")
     elif "is not a subclass of DataSourceConfig" in msg:
         msg = "each source is a mapping {path: FILE_OR_FOLDER, weight: W, name: NAME} (weight and name optional)"

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from llmtrain.model.registry import family_of
+
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
@@ -21,25 +23,16 @@ def head_dim(model_cfg) -> int:
 
 
 def kv_heads(model_cfg) -> int:
-    """Key/value heads: model.n_kv_heads for llama (null = n_heads); gpt2 has one per query head."""
-    if model_cfg.arch == "llama" and model_cfg.n_kv_heads is not None:
-        return model_cfg.n_kv_heads
-    return model_cfg.n_heads
+    """Key/value heads: the family's (model.n_kv_heads, null = n_heads, where the family reads it)."""
+    return family_of(model_cfg).kv_heads(model_cfg)
 
 
 def ffn_dim(model_cfg) -> int:
-    """Hidden width of the MLP: model.ffn_dim, else gpt2's 4 x d_model or Llama's SwiGLU sizing (2/3 of 4 x d_model,
-    times ffn_dim_multiplier, rounded up to multiple_of), which keeps its three matrices near two of 4 x d_model."""
+    """Hidden width of the dense MLP: model.ffn_dim, else the family's sizing (GPT-2: 4 x d_model; Llama's SwiGLU:
+    2/3 of that, times ffn_dim_multiplier, rounded up to multiple_of)."""
     if model_cfg.ffn_dim is not None:
         return model_cfg.ffn_dim
-    hidden = 4 * model_cfg.d_model
-    if model_cfg.arch != "llama":
-        return hidden
-    hidden = int(2 * hidden / 3)
-    if model_cfg.ffn_dim_multiplier is not None:
-        hidden = int(model_cfg.ffn_dim_multiplier * hidden)
-    m = model_cfg.multiple_of
-    return m * ((hidden + m - 1) // m)
+    return family_of(model_cfg).ffn_dim(model_cfg)
 
 
 def world_size(cfg) -> int:

@@ -14,6 +14,8 @@ from typing import Any, Dict, List, Optional
 
 from omegaconf import MISSING
 
+from llmtrain.model.registry import FAMILIES
+
 
 def choice(default: Any, *allowed: Any) -> Any:
     """A field whose value must be one of `allowed`; a None default makes None allowed too (an optional field)."""
@@ -44,11 +46,44 @@ class RopeScalingConfig:
 
 
 @dataclass
+class MoEConfig:
+    """A mixture-of-experts MLP in the sparse layers (llmtrain/model/moe/): a router picks top_k of n_experts
+    SwiGLU experts per token; dropless."""
+
+    n_experts: int = 8
+    top_k: int = 2
+    # Hidden width of one expert; null = the model's ffn_dim.
+    expert_ffn_dim: Optional[int] = None
+    # Experts every token goes through besides the routed ones, as one SwiGLU MLP n_shared_experts x
+    # expert_ffn_dim wide; 0 = none.
+    n_shared_experts: int = 0
+    # Scale the top_k routing weights of a token to sum to 1.
+    norm_topk_prob: bool = True
+    # softmax | sigmoid: how router logits become scores.
+    score_func: str = choice("softmax", "softmax", "sigmoid")
+    # > 0: DeepSeek-V3's auxiliary-loss-free balancing: a per-expert bias added to the scores for choosing experts
+    # only, nudged after each step by this rate x sign(mean load - the expert's load).
+    bias_update_rate: float = 0.0
+    # Weight of the load-balancing loss (Switch/Qwen3: n_experts x sum over experts of token share x mean score).
+    router_aux_loss_coef: float = 0.001
+    # Weight of the router z-loss: mean of logsumexp(logits)^2.
+    router_z_loss_coef: float = 0.0
+    # The first layers stay dense.
+    n_dense_layers: int = 0
+    # Layer i is sparse iff i >= n_dense_layers and (i + 1) % sparse_every == 0 (Qwen3-MoE's decoder_sparse_step).
+    sparse_every: int = 1
+    # auto (torch._grouped_mm on a CUDA device of compute capability >= 9.0, a loop over experts elsewhere) | on
+    # (require it) | off (the loop).
+    grouped_mm: str = choice("auto", "auto", "on", "off")
+
+
+@dataclass
 class ModelConfig:
     name: str = "gpt-tiny"
-    # gpt2: learned positions, LayerNorm, GELU MLP, biases, tied head. llama: rotary positions, RMSNorm, SwiGLU,
-    # grouped-query attention, no biases, tied or untied head.
-    arch: str = choice("gpt2", "gpt2", "llama")
+    # The model family (llmtrain/model/<arch>/; docs/models.md). gpt2: learned positions, LayerNorm, GELU MLP,
+    # biases, tied head. llama: rotary positions, RMSNorm, SwiGLU, grouped-query attention, no biases, tied or
+    # untied head.
+    arch: str = choice("gpt2", *FAMILIES)
     n_layers: int = 4
     n_heads: int = 4
     d_model: int = 128
@@ -82,6 +117,8 @@ class ModelConfig:
     # A Hugging Face GPT-2 or Llama folder, or an llmtrain safetensors export, to start from; null = random
     # init (docs/models.md: Hugging Face interop).
     init_from: Optional[str] = None
+    # Mixture of experts in the sparse layers (a family that supports it); null = dense.
+    moe: Optional[MoEConfig] = None
 
 
 @dataclass

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+import typing
 from typing import Callable, Mapping
 
 from omegaconf import DictConfig
 
 from llmtrain.config.batch import division_problem
-from llmtrain.config.derived import Derived, ffn_dim, head_dim, kv_heads, padded_vocab_size, world_size
+from llmtrain.config.derived import Derived, ffn_dim, kv_heads, padded_vocab_size, world_size
 from llmtrain.config.errors import ConfigError
 from llmtrain.config.schema import SINGLE_STAGE_SCHEDULES, V_SHAPED_SCHEDULES, LLMTrainConfig, ModelConfig
+from llmtrain.model.registry import FAMILIES, family, family_of
 
 
 APEX_AMP_GONE = ("current NVIDIA apex has no amp (apex.amp was removed); precision=fp16 is the O1 recipe "
@@ -54,14 +56,25 @@ def validate(cfg: DictConfig, probes: Mapping[str, Probe] | None = None) -> None
 
 
 def _validate_choices(node, schema: type, prefix: str) -> None:
-    """Every choice() field of the schema (see schema.py) holds one of its values."""
+    """Every choice() field of the schema (see schema.py) holds one of its values, in set optional sections too."""
+    hints = typing.get_type_hints(schema)
     for f in dataclasses.fields(schema):
-        if dataclasses.is_dataclass(f.default_factory):
-            _validate_choices(node[f.name], f.default_factory, f"{prefix}{f.name}.")
+        section = _section_type(f, hints[f.name])
+        if section is not None and node[f.name] is not None:
+            _validate_choices(node[f.name], section, f"{prefix}{f.name}.")
         elif "choices" in f.metadata:
             value, allowed = node[f.name], f.metadata["choices"]
             _require(value in allowed, f"{prefix}{f.name}",
                      f"must be one of {', '.join(str(a) for a in allowed if a is not None)} (got {value})")
+
+
+def _section_type(f: dataclasses.Field, hint) -> type | None:
+    """The dataclass a field holds (a section, or an Optional one such as model.moe), else None."""
+    if dataclasses.is_dataclass(f.default_factory):
+        return f.default_factory
+    if typing.get_origin(hint) is not typing.Union:  # a list of sections (data.sources) is no section
+        return None
+    return next((t for t in typing.get_args(hint) if dataclasses.is_dataclass(t)), None)
 
 
 def _validate_apex_layout(cfg: DictConfig) -> None:
@@ -112,43 +125,41 @@ def _validate_model(cfg: DictConfig) -> None:
     if m.ffn_dim is not None:
         _positive(cfg, "model.ffn_dim")
     _validate_arch_keys(m)
-    if m.arch == "llama":
-        _validate_llama(cfg)
-
-
-# Keys only one family reads: set to anything but the schema's default on the other family, they are refused.
-LLAMA_ONLY = ("n_kv_heads", "rope_theta", "rope_scaling", "ffn_dim_multiplier", "multiple_of", "tie_embeddings")
-GPT2_ONLY = ("dropout",)
+    family_of(m).validate(cfg, _require)
+    _validate_moe(cfg)
 
 
 def _validate_arch_keys(m: DictConfig) -> None:
-    other, foreign = ("gpt2", GPT2_ONLY) if m.arch == "llama" else ("llama", LLAMA_ONLY)
-    for name in foreign:
-        default = ModelConfig.__dataclass_fields__[name].default
-        _require(m[name] == default, f"model.{name}",
-                 f"is a model.arch={other} setting and this model is model.arch={m.arch}; remove it (default "
-                 f"{default}) or set model.arch={other}")
+    """A key only other families read (their spec's `keys`) keeps its schema default."""
+    own = family_of(m)
+    for other in map(family, FAMILIES):
+        for name in other.keys:
+            if name in own.keys:
+                continue
+            default = ModelConfig.__dataclass_fields__[name].default
+            _require(m[name] == default, f"model.{name}",
+                     f"is a {other.setting} setting and this model is {own.setting}; remove it (default "
+                     f"{default}) or set {other.setting}")
 
 
-def _validate_llama(cfg: DictConfig) -> None:
+def _validate_moe(cfg: DictConfig) -> None:
     m = cfg.model
-    if m.n_kv_heads is not None:
-        _positive(cfg, "model.n_kv_heads")
-        _require(m.n_heads % m.n_kv_heads == 0, "model.n_kv_heads",
-                 f"n_heads={m.n_heads} must be divisible by n_kv_heads={m.n_kv_heads}")
-    width = head_dim(m)
-    _require(width % 2 == 0, "model.head_dim",
-             f"rotary positions pair a head's dimensions, so the head width must be even (got {width}"
-             + ("" if m.head_dim else f" = d_model {m.d_model} / n_heads {m.n_heads}") + ")")
-    _positive(cfg, "model.rope_theta", "model.multiple_of")
-    if m.ffn_dim_multiplier is not None:
-        _positive(cfg, "model.ffn_dim_multiplier")
-    s = m.rope_scaling
-    if s is not None:
-        _positive(cfg, "model.rope_scaling.factor", "model.rope_scaling.low_freq_factor",
-                  "model.rope_scaling.original_max_position_embeddings")
-        _require(s.high_freq_factor > s.low_freq_factor, "model.rope_scaling.high_freq_factor",
-                 f"must exceed low_freq_factor={s.low_freq_factor} (got {s.high_freq_factor})")
+    if m.moe is None:
+        return
+    sparse = [spec.setting for spec in map(family, FAMILIES) if spec.supports_moe]
+    own = family_of(m)
+    _require(own.supports_moe, "model.moe", f"{own.setting} has no mixture-of-experts blocks; remove model.moe"
+             + (f" or use {' or '.join(sparse)}" if sparse else ""))
+    e = m.moe
+    _positive(cfg, "model.moe.n_experts", "model.moe.top_k", "model.moe.sparse_every")
+    _require(e.top_k <= e.n_experts, "model.moe.top_k",
+             f"must be <= model.moe.n_experts={e.n_experts} (got {e.top_k})")
+    if e.expert_ffn_dim is not None:
+        _positive(cfg, "model.moe.expert_ffn_dim")
+    for name in ("n_shared_experts", "bias_update_rate", "router_aux_loss_coef", "router_z_loss_coef"):
+        _require(e[name] >= 0, f"model.moe.{name}", f"must be >= 0 (got {e[name]})")
+    _require(0 <= e.n_dense_layers <= m.n_layers, "model.moe.n_dense_layers",
+             f"must be in [0, model.n_layers={m.n_layers}] (got {e.n_dense_layers})")
 
 
 def _validate_parallel(cfg: DictConfig) -> None:
@@ -169,8 +180,10 @@ def _validate_parallel(cfg: DictConfig) -> None:
     kv = kv_heads(m)
     _require(kv % p.tp == 0, "model.n_kv_heads",
              f"{kv} kv heads cannot be split over parallel.tp={p.tp}; use a tp that divides n_kv_heads")
-    mlp = ffn_dim(m)
-    _require(mlp % p.tp == 0, "parallel.tp", f"tp={p.tp} must divide the MLP width {mlp} (model.ffn_dim)")
+    mlp, spec = ffn_dim(m), family_of(m)
+    # A sparse block's experts are not split over tp (computed whole on each rank); a dense MLP is.
+    if not all(spec.block_shape(m, layer).sparse for layer in range(m.n_layers)):
+        _require(mlp % p.tp == 0, "parallel.tp", f"tp={p.tp} must divide the MLP width {mlp} (model.ffn_dim)")
     padded = padded_vocab_size(m)
     _require(padded % p.tp == 0, "model.vocab_pad_multiple",
              f"the padded vocabulary ({m.vocab_size} rounded up to a multiple of {m.vocab_pad_multiple} = "

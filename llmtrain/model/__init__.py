@@ -1,20 +1,30 @@
-"""The models (GPT-2 and Llama; no parallelism code) and their layout-independent initialization."""
+"""The model families (one folder each, found by model.arch through registry.py; no parallelism code) and their
+layout-independent initialization.
+
+No torch at import: config validation and `llmtrain plan` read the families' specs (family.py) without it; the
+torch modules below load on first use."""
 
 from __future__ import annotations
 
-from llmtrain.model.gpt import GPT, GPTArgs
-from llmtrain.model.init import init_parameters
-from llmtrain.model.llama import Llama, LlamaArgs
+import importlib
 
-__all__ = ["GPT", "GPTArgs", "Llama", "LlamaArgs", "build_model", "init_parameters", "model_args"]
+from llmtrain.model.registry import family_of
+
+__all__ = ["GPT", "GPTArgs", "Llama", "LlamaArgs", "build_model", "init_parameters"]
+
+# name -> module that defines it, imported on first access
+_LAZY = {"GPT": "llmtrain.model.gpt2.module", "GPTArgs": "llmtrain.model.gpt2.module",
+         "Llama": "llmtrain.model.llama.module", "LlamaArgs": "llmtrain.model.llama.module",
+         "init_parameters": "llmtrain.model.init"}
 
 
-def model_args(model_cfg) -> GPTArgs | LlamaArgs:
-    """The architecture's arguments for a config's `model` section (model.arch picks the family)."""
-    return LlamaArgs.from_config(model_cfg) if model_cfg.arch == "llama" else GPTArgs.from_config(model_cfg)
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def build_model(model_cfg) -> GPT | Llama:
-    """The whole model of a config's `model` section, on the current default device (meta for shapes only)."""
-    args = model_args(model_cfg)
-    return Llama(args) if isinstance(args, LlamaArgs) else GPT(args)
+def build_model(model_cfg):
+    """The whole model of a config's `model` section, on the current default device (meta for shapes only);
+    model.arch picks the family."""
+    return family_of(model_cfg).build(model_cfg)

@@ -1,4 +1,4 @@
-"""The stack both families share: token embedding, blocks, final norm, output head.
+"""The stack every family shares: token embedding, blocks, final norm, output head.
 
 Blocks live in an nn.ModuleDict keyed by their global index so parameter names survive a pipeline split, and a
 pipeline stage sets the modules it does not own (embed, norm, head) to None; the parallel code relies on both.
@@ -6,16 +6,19 @@ pipeline stage sets the modules it does not own (embed, norm, head) to None; the
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import nn
 
 
 class Decoder(nn.Module):
-    def __init__(self, args, embed: nn.Module, block: type[nn.Module], norm: nn.Module):
+    def __init__(self, args, embed: nn.Module, block: Callable[..., nn.Module], norm: nn.Module):
+        """`block(args, layer)` builds block `layer` (a mixture-of-experts model's blocks differ by layer)."""
         super().__init__()
         self.args = args
         self.embed: nn.Module | None = embed
-        self.layers = nn.ModuleDict({str(i): block(args) for i in range(args.n_layers)})
+        self.layers = nn.ModuleDict({str(i): block(args, i) for i in range(args.n_layers)})
         self.norm: nn.Module | None = norm
         self.head: nn.Linear | None = nn.Linear(args.d_model, args.vocab_size, bias=False)
         self.tie_weights()

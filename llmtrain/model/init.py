@@ -15,10 +15,9 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from llmtrain.model.llama import Rotary
-
-# Residual output projections get std / sqrt(2 * n_layers) (GPT-2 paper, section 2.3).
-_RESIDUAL_PROJECTIONS = ("attn.proj.weight", "mlp.proj.weight")
+# Residual output projections get std / sqrt(2 * n_layers) (GPT-2 paper, section 2.3): a mixture of experts'
+# down projections (experts.proj) and its shared expert's too.
+_RESIDUAL_PROJECTIONS = ("attn.proj.weight", "mlp.proj.weight", "mlp.experts.proj", "mlp.shared.proj.weight")
 
 
 def parameter_seed(seed: int, name: str) -> int:
@@ -32,7 +31,8 @@ def full_init_value(name: str, shape: torch.Size, seed: int, std: float, n_layer
     """The full fp32 value of parameter `name` (GPT-2 init, for Llama too); a pure function of its arguments."""
     if name.endswith(".bias"):
         return torch.zeros(shape)
-    if ".ln_" in name or name.startswith("norm."):  # LayerNorm and RMSNorm gains
+    # LayerNorm and RMSNorm gains, the q and k norms' too
+    if ".ln_" in name or name.startswith("norm.") or name.endswith("norm.weight"):
         return torch.ones(shape)
     if name.endswith(_RESIDUAL_PROJECTIONS):
         std = std / math.sqrt(2 * n_layers)
@@ -45,7 +45,8 @@ def init_parameters(model: nn.Module, seed: int, std: float, n_layers: int,
                     pretrained: Mapping[str, torch.Tensor] | None = None) -> None:
     """Fill every parameter of `model` (plain or DTensor, already on its device) with its layout-free value:
     the `pretrained` full tensor of that name when given (model.init_from), else the seeded GPT-2 init; and
-    recompute the buffers (rotary frequencies) that materializing a meta-device model left uninitialized."""
+    recompute the buffers (rotary frequencies, a mixture of experts' balancing bias and statistics) that
+    materializing a meta-device model left uninitialized: every module's reset_buffers()."""
     tied = model.args.tie_embeddings
     for name, param in model.named_parameters():
         name = name.replace("_checkpoint_wrapped_module.", "")
@@ -62,5 +63,5 @@ def init_parameters(model: nn.Module, seed: int, std: float, n_layers: int,
         else:
             param.copy_(full)
     for module in model.modules():
-        if isinstance(module, Rotary):
-            module.reset()
+        if callable(getattr(module, "reset_buffers", None)):
+            module.reset_buffers()

@@ -16,6 +16,7 @@ from torch.distributed.tensor.parallel import loss_parallel
 
 from llmtrain.config.derived import Derived, torch_dtype
 from llmtrain.model import build_model, init_parameters
+from llmtrain.model.registry import family_of
 from llmtrain.parallel.data_parallel import apply_data_parallel
 from llmtrain.parallel.float8 import Float8Training
 from llmtrain.parallel.layout import ParallelDims
@@ -138,7 +139,7 @@ def build_parallel_model(cfg: DictConfig, dims: ParallelDims, mesh: Meshes, devi
         if float8 is not None:
             float8.convert(part)  # first: TP, recompute, compile and FSDP2 each take the float8 layers as they are
         if dims.tp > 1:
-            apply_tensor_parallel(part, mesh.tp, pp.sequence_parallel, float8_styles)
+            apply_tensor_parallel(part, family_of(cfg.model), mesh.tp, pp.sequence_parallel, float8_styles)
         apply_recompute(part, cfg.recompute.mode, cfg.recompute.every)
         if cfg.train.compile:
             for block in part.layers.values():

@@ -3,8 +3,9 @@
 Applied to each model part first, before tensor parallel, recompute, compile and FSDP2 (torchtitan's order), so
 each of those takes the float8 layers as they are. Only the blocks' q/k/v, attention projection, MLP fc and proj
 are converted: the embedding and the tied head stay under bf16 autocast (the head shares the embedding's weight,
-and the logits feed an fp32 loss). Float8Linear keeps the `weight` and `bias` parameters of the layer it replaces,
-so parameter names, checkpoints and exports are those of any other run.
+and the logits feed an fp32 loss). A mixture-of-experts block's router and routed experts stay bf16 too (its
+shared expert is converted). Float8Linear keeps the `weight` and `bias` parameters of the layer it replaces, so
+parameter names, checkpoints and exports are those of any other run.
 
 - tensorwise: with FSDP2 sharding parameters (parallel.zero 2 or 3), weights are cast to float8 before they are
   all-gathered (half the bytes of bf16), and their scales are computed for all weights in one all-reduce after
@@ -32,6 +33,7 @@ class Float8Training:
     # torchao's Float8ColwiseParallel / Float8RowwiseParallel in place of the plain tensor-parallel styles.
     tensor_parallel_styles: bool
     converted: int = 0  # linear layers converted on this rank
+    routers_kept: int = 0  # mixture-of-experts routers left out on this rank
 
     @classmethod
     def from_config(cls, cfg, dims: ParallelDims) -> "Float8Training | None":
@@ -47,11 +49,19 @@ class Float8Training:
         return replace(config, enable_fsdp_float8_all_gather=True) if self.fsdp_float8_all_gather else config
 
     def convert(self, part: nn.Module) -> None:
-        """Swap every nn.Linear inside the part's transformer blocks for a Float8Linear, in place."""
+        """Swap every nn.Linear inside the part's transformer blocks for a Float8Linear, in place, except a
+        mixture-of-experts block's router (its logits pick the experts; n_experts is often no multiple of 16).
+        The routed experts are stacked weights, not nn.Linear: they stay in the compute dtype (torchao's grouped
+        float8 matmul is not used); a shared expert is a dense MLP and is converted."""
         from torchao.float8 import convert_to_float8_training
         from torchao.float8.float8_linear import Float8Linear
 
-        convert_to_float8_training(part.layers, config=self.linear_config())
+        from llmtrain.model.moe import moe_modules
+
+        routers = {id(m.router) for m in moe_modules(part.layers)}
+        self.routers_kept += len(routers)
+        convert_to_float8_training(part.layers, config=self.linear_config(),
+                                   module_filter_fn=lambda module, fqn: id(module) not in routers)
         self.converted += sum(isinstance(m, Float8Linear) for m in part.layers.modules())
 
     def after_optimizer_step(self, parts: list[nn.Module]) -> None:
@@ -68,8 +78,10 @@ class Float8Training:
                                         ("float8 tensor-parallel styles", self.tensor_parallel_styles)) if on]
         eager = "" if compiled else "; train.compile=false: eager float8 is slower than bf16 (torch.compile fuses " \
                                     "its scaling and casts), set train.compile=true"
+        kept = "embedding, head, MoE routers and routed experts in bf16 (torchao's grouped float8 is not used)" \
+            if self.routers_kept else "embedding and head in bf16"
         return (f"precision=fp8: {self.converted} linear layers in float8 (recipe {self.recipe}"
-                + "".join(f", {e}" for e in extras) + f"), embedding and head in bf16{eager}")
+                + "".join(f", {e}" for e in extras) + f"), {kept}{eager}")
 
 
 def tensor_parallel_styles(float8: bool):

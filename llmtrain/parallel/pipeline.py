@@ -9,7 +9,9 @@ r and S-1-r on rank r.
 from __future__ import annotations
 
 import copy
+import functools
 
+import torch
 from torch import nn
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import (
@@ -63,10 +65,42 @@ def make_stage_module(model: nn.Module, stage: int, layer_counts: list[int]) -> 
 
 
 def build_schedule(stages: list[PipelineStage], name: str, n_microbatches: int, loss_fn):
+    for stage in stages:
+        keep_inference_out_of_moe_stats(stage)
     cls = SCHEDULES[name]
     if name in ("gpipe", "1f1b"):
         return cls(stages[0], n_microbatches=n_microbatches, loss_fn=loss_fn)
     return cls(stages, n_microbatches=n_microbatches, loss_fn=loss_fn)
+
+
+# The PipelineStage methods that run a stage's forward to learn its tensors' shapes and dtypes (on the first step,
+# and again after each switch between evaluation and training): torch 2.13's, and older torch's.
+SHAPE_INFERENCE = ("_forward_metadata_inference", "_shape_inference")
+MOE_STATS = ("tokens_per_expert", "aux_sum", "z_sum", "calls")
+
+
+def keep_inference_out_of_moe_stats(stage: PipelineStage) -> None:
+    """A MoE block counts the tokens each expert gets over a step's forwards; the stage's shape inference is no
+    micro-batch of the step, so its forward leaves those statistics as they were."""
+    from llmtrain.model.moe import moe_modules
+
+    blocks = moe_modules(stage.submod)
+    for name in SHAPE_INFERENCE if blocks else ():
+        infer = getattr(stage, name, None)
+        if infer is not None:
+            setattr(stage, name, functools.partial(_without_moe_stats, infer, blocks))
+
+
+def _without_moe_stats(infer, blocks: list[nn.Module], *args, **kwargs):
+    with torch.no_grad():
+        kept = [[getattr(m, stat).clone() for stat in MOE_STATS] for m in blocks]
+    try:
+        return infer(*args, **kwargs)
+    finally:
+        with torch.no_grad():
+            for m, values in zip(blocks, kept):
+                for stat, value in zip(MOE_STATS, values):
+                    getattr(m, stat).copy_(value)
 
 
 FORWARD_ACTIONS = (FORWARD, SEND_F, RECV_F, UNSHARD, RESHARD)

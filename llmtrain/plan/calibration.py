@@ -48,9 +48,11 @@ def path() -> str:
 
 
 def family(model_cfg) -> str:
-    from llmtrain.plan.params import is_llama
+    """Which fitted family a model's timings join: its spec's `calibration` (GPT-2's gpt), else the family's name."""
+    from llmtrain.model.registry import family_of
 
-    return "llama" if is_llama(model_cfg) else "gpt"
+    spec = family_of(model_cfg)
+    return spec.calibration or spec.name
 
 
 def _read() -> dict:

@@ -13,6 +13,7 @@ from llmtrain.errors import EXIT_FAILED, EXIT_OK
 from llmtrain.hardware import profiles as hardware
 from llmtrain.plan import calibration, fit_change
 from llmtrain.plan.estimate import build_plan
+from llmtrain.plan.params import active_params, stage_params
 
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
@@ -62,13 +63,27 @@ def _gib(x: float) -> str:
     return f"{x / 2**30:,.2f}"
 
 
+def active_cell(total: int, active: int) -> str | None:
+    """A mixture of experts' active count against its total; None for a dense model (all active)."""
+    if active == total:
+        return None
+    return f"{active:,} per token ({active / total:.1%} of the total: top_k of each sparse layer's routed experts)"
+
+
+def parameters_line(total: int, active: int) -> str:
+    """`--suggest`'s line on the model: its total and, for a mixture of experts, its active count."""
+    return f"parameters: {total:,}" + (f" total, {active:,} active per token" if active != total else "")
+
+
 def render(plan, console: Console) -> None:
     d = plan.dims
     summary = fold_table("plan", show_header=False)
     summary.add_column(style="bold")
     summary.add_column()
+    active = active_cell(plan.params_total, plan.params_active)
     rows = [
         ("parameters", f"{plan.params_total:,} ({plan.params_non_embedding:,} non-embedding)"),
+        *((("active parameters", active),) if active else ()),
         ("layout", f"dp={d['dp']} (shard {d['dp_shard']}) tp={d['tp']} pp={d['pp']} x v{d['virtual_stages']} "
                    f"zero={d['zero']} schedule={d['schedule']} recompute={d['recompute']}"
                    + (f"/every {d['recompute_every']}" if d['recompute_every'] > 1 else "")
@@ -174,6 +189,8 @@ def suggest(cfg, n_gpus: int, gib: float, console: Console, as_json: bool) -> in
                       _gib(p.peak_bytes_per_rank), f"{p.tokens_per_s:,.0f}", *((f"~{p.mfu:.0%}",) if with_mfu else ()))
     console.print(table if fitting else f"no layout of {n_gpus} devices fits in {gib:g} GiB per device; try "
                                         "more devices, a smaller train.micro_batch_size or a shorter model.seq_len")
+    _, total, _ = stage_params(cfg)
+    plain(parameters_line(total, active_params(cfg, total)), console=console)
     if fitting:
         plain(f"estimates: {estimate_basis(fitting[0].hardware)}", console=console)
         if not with_mfu:

@@ -13,7 +13,7 @@ transformer block keeps for backward, per s*b*h (s*b*h*c bytes, c = 2), with r =
 - recompute full: the block's fp32 input; selective: as none (the attention output stays alive as the
   projection's input, so only the softmax statistics are dropped).
 
-Llama's block (model.arch=llama) by the same rules, with r_kv = n_kv_heads x head_dim / d_model and f = the MLP
+Llama's block by the same rules, with r_kv = n_kv_heads x head_dim / d_model and f = the MLP
 width / d_model: the RMSNorm inputs (fp32, 2 x 4 bytes; CUDA's fused rms_norm keeps its input and the per-row
 scale, not its output, unlike the composite one on CPU), LN1's output cast three times and LN2's twice (gate and
 up: 5 c); q and k after the rotation, v and the attention output ((2 r + 2 r_kv) c; the rotation itself keeps only
@@ -35,6 +35,15 @@ the end of its forward, the start of its backward (the loss), during the blocks'
 (fp32 gradients, AdamW moments and the update's temporaries). The caching allocator rounds each block to 512
 bytes, which is negligible at these sizes and not modelled.
 
+Qwen3's and OLMoE's q/k norms run in fp32 under autocast and keep their fp32 inputs ((r + r_kv) x 4 bytes). A
+sparse block (mixture of experts) keeps moe_memory.py's terms at the compute dtype, with autocast's changes: its
+input stays fp32, so the router keeps a compute-dtype cast of it, each expert's gate and up matmuls one cast each
+of their routed copies and the shared experts' gate and up one each; the router's softmax and logsumexp run in
+fp32. The MoE is whole on every tensor-parallel rank (not divided by tp). These terms match what one block saves
+under CPU autocast; unmeasured on a GPU are all of them: the q/k norms', the MoE's, the compute-dtype copies of
+the expert weights (planned like every block weight's), torch._grouped_mm's workspace, and how the caching
+allocator packs the experts' tensors of uneven sizes (the tokens each expert gets change every step).
+
 precision=fp8 (torchao Float8Linear in the blocks, bf16 autocast elsewhere) differs in three places. A float8 layer
 casts its weight to float8 inside each matmul and saves the weight it was given, so without FSDP no bf16 copy of
 the blocks' weights exists (the head's remains); the float8 copies of the largest matmul's weight, input and
@@ -50,7 +59,8 @@ from __future__ import annotations
 
 from llmtrain.config.derived import DTYPE_BYTES, padded_vocab_size
 from llmtrain.config.fp8 import float8_tensor_parallel, float8_weights_per_block
-from llmtrain.plan.params import block_shape, embedding_params, is_llama
+from llmtrain.plan.moe_memory import moe_saved_bytes
+from llmtrain.plan.params import BlockShape, block_shape, embedding_params
 
 FP32 = 4
 FP8 = 1
@@ -68,8 +78,14 @@ def _compute_size(cfg) -> int:
     return SIZES[cfg.precision.compute_dtype]
 
 
-def layer_bytes(cfg, micro_batch: int, mode: str | None = None) -> float:
-    """Bytes autograd saves for one block under recompute `mode` (default: the configured one), weights excluded."""
+def compile_terms_measured(shape: BlockShape) -> bool:
+    """train.compile's terms were measured on GPT-2's block (LayerNorm, GELU MLP, no rotation); others use eager's."""
+    return not (shape.gated or shape.rms_norm or shape.rotary or shape.qk_norm or shape.sparse)
+
+
+def layer_bytes(cfg, micro_batch: int, mode: str | None = None, layer: int = 0) -> float:
+    """Bytes autograd saves for block `layer` under recompute `mode` (default: the configured one), weights
+    excluded."""
     m, p = cfg.model, cfg.parallel
     sbh = m.seq_len * micro_batch * m.d_model
     c, t = _compute_size(cfg), p.tp
@@ -77,27 +93,28 @@ def layer_bytes(cfg, micro_batch: int, mode: str | None = None) -> float:
     mode = mode or cfg.recompute.mode
     if mode == "full":
         return FP32 * sbh / sp
-    shape = block_shape(m)
+    shape = block_shape(m, layer)
     r = shape.attention / m.d_model
     attention = (2 * shape.attention + 2 * shape.kv) / m.d_model  # q, k, v and the attention output
-    hidden = shape.ffn / m.d_model
+    hidden = 0.0 if shape.sparse else shape.ffn / m.d_model
     mlp = (4 if shape.gated else 2) * hidden  # fc and GELU outputs; SwiGLU: gate, SiLU, up and product outputs
     split = (attention + mlp) * c / t  # head- or hidden-sharded under tensor parallel
-    casts = 3 + shape.mlp_in_matrices  # norm outputs cast once per matmul that reads them
-    # Llama: the rotation casts cos and sin (seq x head_dim) to the compute dtype for q and for k; the products save them
-    rope = 4 * m.seq_len * (shape.attention // m.n_heads) * c if is_llama(m) else 0.0
+    casts = 3 + (0 if shape.sparse else shape.mlp_in_matrices)  # norm outputs cast once per matmul that reads them
+    # a sparse block's MoE, whole on every tensor-parallel rank (moe_memory.py)
+    moe = moe_saved_bytes(m, shape, m.seq_len * micro_batch, c, autocast=True) if shape.sparse else 0.0
+    # rotary: the rotation casts cos and sin (seq x head_dim) to the compute dtype for q and for k; the products
+    # save them
+    rope = 4 * m.seq_len * (shape.attention // m.n_heads) * c if shape.rotary else 0.0
     if float8_tensor_parallel(cfg):  # one float8 cast of each norm output; float8 copies of the row-parallel inputs
         replicated = 2 * FP32 / sp + 2 * FP8
         split = (attention * c + r * FP8 + (mlp - hidden) * c + hidden * FP8) / t
-    elif cfg.train.compile and not is_llama(m):  # measured for GPT-2's block only; Llama's uses the eager terms
+    elif cfg.train.compile and compile_terms_measured(shape):  # measured for GPT-2's block only; eager otherwise
         replicated = FP32 / sp + c + c / sp + c  # LN1 input, its one cast, attention projection output, LN2 cast
     else:
         replicated = 2 * FP32 / sp + casts * c  # norm inputs and the casts of their outputs
-    return (replicated + split) * sbh + rope
-
-
-def block_params_per_rank(cfg, block: int, block_split: int) -> int:
-    return block - block_split + block_split // cfg.parallel.tp
+    if shape.qk_norm:  # the q and k norms run in fp32 and keep their fp32 inputs
+        split += (shape.attention + shape.kv) / m.d_model * FP32 / t
+    return (replicated + split) * sbh + rope + moe
 
 
 def copied_block_params(cfg, dims, block_per_rank: int) -> int:
@@ -106,32 +123,34 @@ def copied_block_params(cfg, dims, block_per_rank: int) -> int:
     return block_per_rank - (float8_weights_per_block(cfg) if dims.dp == 1 else 0)
 
 
-def weight_copies(cfg, dims, stage, recomputed: int, block_per_rank: int) -> tuple[float, float]:
+def weight_copies(cfg, dims, stage, recomputed: list[int], block_per_rank: list[int]) -> tuple[float, float]:
     """(bytes of compute-dtype weight copies autograd saves, bytes of copies held otherwise at the backward peak)
-    for one stage; `recomputed` of its blocks run under full recompute."""
+    for one stage; its blocks `recomputed` (global indices) run under full recompute; `block_per_rank`: every
+    block's parameters on one tensor-parallel rank, by layer."""
     if dims.dp > 1 and dims.zero >= 2:
         return 0.0, 0.0  # FSDP's gathered compute-dtype parameters: counted in the state
     c = _compute_size(cfg)
     m, tp = cfg.model, cfg.parallel.tp
-    copied = copied_block_params(cfg, dims, block_per_rank)
-    cast = stage.params_per_rank - (block_per_rank - copied) * len(stage.layers)  # float8 weights: no copy
+    copied = {i: copied_block_params(cfg, dims, block_per_rank[i]) for i in stage.layers}
+    cast = stage.params_per_rank - sum(block_per_rank[i] - copied[i] for i in stage.layers)  # float8: no copy
     if stage.stage == 0:  # the embeddings are looked up in fp32; only a head (last stage) is a matmul
         tok, pos, untied_head = embedding_params(m)
         cast -= pos
         if untied_head or stage.stage != cfg.parallel.pp * cfg.parallel.virtual_stages - 1:
             cast -= tok // tp
     whole = cast * c
-    dropped = recomputed * copied * c if cfg.recompute.mode == "full" else 0.0
+    dropped = sum(copied[i] for i in recomputed) * c if cfg.recompute.mode == "full" else 0.0
     # A pipeline's autocast cache, or FSDP's unsharded parameters (zero 0), keep the copies autograd does not.
     held = dropped if (cfg.parallel.pp > 1 or dims.dp > 1) else 0.0
     return whole - dropped, held
 
 
-def cached_only_bytes(cfg, dims, recomputed: int, block_per_rank: int) -> float:
-    """Copies of recomputed blocks' weights that only autocast's cache holds: alive until the forward ends."""
+def cached_only_bytes(cfg, dims, recomputed: list[int], block_per_rank: list[int]) -> float:
+    """Copies of the recomputed blocks' weights (global indices) that only autocast's cache holds: alive until the
+    forward ends."""
     if cfg.recompute.mode != "full" or cfg.parallel.pp > 1 or dims.dp > 1:
         return 0.0
-    return recomputed * copied_block_params(cfg, dims, block_per_rank) * _compute_size(cfg)
+    return sum(copied_block_params(cfg, dims, block_per_rank[i]) for i in recomputed) * _compute_size(cfg)
 
 
 def float8_transient_bytes(cfg, micro_batch: int) -> float:

@@ -1,6 +1,6 @@
 """The numbers `llmtrain plan` reports, computed from the config alone (no process group, no GPU).
 
-Parameter counts and FLOPs come from params.py (exact for both architectures, per stage and rank; the tests compare
+Parameter counts and FLOPs come from params.py (exact for every model family, per stage and rank; the tests compare
 them with the real model); no torch import, so a plan takes well under a second. Memory follows the ZeRO paper for
 model state (fp32 weights, gradients and two AdamW moments, sharded by zero level) and Korthikanti et al. 2022 for
 activations, adjusted to what this trainer keeps on CPU in fp32 (measured with a saved-tensor hook): fused
@@ -11,7 +11,9 @@ and f = the MLP width / d_model, a block keeps
 - the norm outputs, inputs of the column-parallel matmuls (2);
 - q, k, v and the attention output (2 r + 2 r_kv; Llama's q and k after the rotation);
 - GPT-2: the fc and GELU outputs (2 f); Llama (SwiGLU): the gate, SiLU, up and product outputs (4 f);
-- Llama: the rotation's cos and sin (seq x head_dim each, independent of the batch).
+- Llama: the rotation's cos and sin (seq x head_dim each, independent of the batch);
+- q/k norms (Qwen3, OLMoE): their inputs, normalized tensors and per-row scales;
+- a sparse block (mixture of experts): instead of the MLP's, moe_memory.py's terms, whole on every tp rank.
 GPT-2 keeps 16 s*b*h, llama-tiny (r 1, r_kv 1/2, f 2.75) 20. Under tensor parallel the first two groups are
 replicated (sequence parallel shards the first), the rest are split. Selective recompute keeps as much (the
 attention output it would drop is the projection's saved input too; only the softmax statistics go), full keeps
@@ -34,7 +36,9 @@ from llmtrain.config.schema import SINGLE_STAGE_SCHEDULES
 from llmtrain.parallel import layout as pp_lib
 from llmtrain.parallel.layout import ParallelDims
 from llmtrain.plan import cuda_memory
-from llmtrain.plan.params import StagePlan, block_params, block_shape, flops_per_token, is_llama, stage_params
+from llmtrain.plan.moe_memory import moe_saved_bytes
+from llmtrain.plan.params import (BlockShape, StagePlan, active_params, block_params_per_rank, block_shape,
+                                  block_shapes, flops_per_token, moe_flops_per_token, stage_params)
 
 __all__ = ["Plan", "StagePlan", "build_plan", "flops_per_token", "stage_params"]  # params.py's are re-exported
 
@@ -46,6 +50,7 @@ FP8 = 1
 class Plan:
     params_total: int
     params_non_embedding: int
+    params_active: int  # what one token runs through: = params_total without routed experts
     flops_per_token: float
     world_size: int
     dims: dict
@@ -68,20 +73,29 @@ class Plan:
         return asdict(self)
 
 
-def saved_per_layer(model_cfg) -> tuple[float, float, float]:
-    """What one block keeps for backward on CPU, in s*b*h elements (see the module docstring): (norm inputs and
+def saved_per_layer(model_cfg, layer: int = 0) -> tuple[float, float, float]:
+    """What block `layer` keeps for backward on CPU, in s*b*h elements (see the module docstring): (norm inputs and
     intermediates: sharded by sequence parallel, the norm outputs: replicated under tensor parallel, the rest:
-    split by tensor parallel)."""
-    shape = block_shape(model_cfg)
+    split by tensor parallel). A sparse block's MoE keeps more: moe_memory.py."""
+    shape = block_shape(model_cfg, layer)
     d = shape.d_model
-    norms = 4.0 if is_llama(model_cfg) else 2.0
+    norms = 4.0 if shape.rms_norm else 2.0
     attention = (2 * shape.attention + 2 * shape.kv) / d
-    mlp = (4 if shape.gated else 2) * shape.ffn / d
+    if shape.qk_norm:  # q's and k's norm inputs, normalized tensors and per-row scales (composite rms_norm)
+        rows = (shape.attention + shape.kv) // (shape.attention // model_cfg.n_heads) if shape.qk_norm == "head" \
+            else 2
+        attention += (2 * (shape.attention + shape.kv) + rows) / d
+    mlp = 0.0 if shape.sparse else (4 if shape.gated else 2) * shape.ffn / d
     return norms, 2.0, attention + mlp
 
 
-def activation_bytes_per_layer(cfg, micro_batch: int, mode: str | None = None) -> float:
-    """Bytes one layer keeps for backward under recompute `mode` (default: the configured one). Selective
+def rope_bytes(model_cfg, shape: BlockShape, size: int) -> float:
+    """A rotary block keeps the rotation's cos and sin (seq x head_dim each, shared by q and k)."""
+    return 2 * model_cfg.seq_len * (shape.attention // model_cfg.n_heads) * size if shape.rotary else 0.0
+
+
+def activation_bytes_per_layer(cfg, micro_batch: int, mode: str | None = None, layer: int = 0) -> float:
+    """Bytes block `layer` keeps for backward under recompute `mode` (default: the configured one). Selective
     recompute keeps as much as none: the attention output it would drop is the projection's saved input."""
     m, p = cfg.model, cfg.parallel
     sbh = m.seq_len * micro_batch * m.d_model
@@ -92,11 +106,21 @@ def activation_bytes_per_layer(cfg, micro_batch: int, mode: str | None = None) -
         return sbh * size / (t if p.sequence_parallel else 1)  # the block input only
     # Sequence parallel shards the norms' tensors; the column-parallel inputs are saved after DTensor's
     # all-gather, at full sequence length (Megatron re-gathers them in backward instead).
-    norms, column_inputs, split = saved_per_layer(m)
+    shape = block_shape(m, layer)
+    norms, column_inputs, split = saved_per_layer(m, layer)
     kept = norms / (t if p.sequence_parallel else 1) + column_inputs + split / t
-    # Llama's rotation keeps cos and sin (seq x head_dim each, shared by q and k)
-    rope = 2 * m.seq_len * block_shape(m).attention // m.n_heads * size if is_llama(m) else 0
-    return kept * sbh * size + rope
+    moe = moe_saved_bytes(m, shape, m.seq_len * micro_batch, size) if shape.sparse else 0.0
+    return kept * sbh * size + moe + rope_bytes(m, shape, size)
+
+
+def layer_bytes_by_layer(layer_bytes, cfg, micro_batch: int, mode: str | None = None) -> list[float]:
+    """`layer_bytes` (this module's or cuda_memory's) of every block; blocks of one shape computed once."""
+    out, seen = [], {}
+    for i, shape in enumerate(block_shapes(cfg.model)):
+        if shape not in seen:
+            seen[shape] = layer_bytes(cfg, micro_batch, mode, i)
+        out.append(seen[shape])
+    return out
 
 
 def in_flight(cfg, stage_rank: int, micro: int) -> float:
@@ -148,13 +172,13 @@ def state_bytes(cfg, dims: ParallelDims, params_per_rank: int, layers: int = 0) 
 
 
 def loss_bytes(cfg, micro_batch: int) -> float:
-    """The last stage's extra: the head's input (full: gathered under sequence parallel), for Llama the final
-    RMSNorm's normalized tensor, and the fp32 logits and log-softmax of one micro-batch (vocabulary-sharded under
+    """The last stage's extra: the head's input (full: gathered under sequence parallel), for an RMSNorm family the
+    final norm's normalized tensor, and the fp32 logits and log-softmax of one micro-batch (vocabulary-sharded under
     TP)."""
     m = cfg.model
     size = BYTES[cfg.precision.compute_dtype]
     head_input = micro_batch * m.seq_len * m.d_model * size
-    if is_llama(m):  # sharded with the sequence under sequence parallel
+    if block_shape(m, m.n_layers - 1).rms_norm:  # sharded with the sequence under sequence parallel
         sp = cfg.parallel.tp if cfg.parallel.sequence_parallel else 1
         head_input += micro_batch * m.seq_len * m.d_model * size / sp
     return head_input + 2 * 4 * micro_batch * m.seq_len * padded_vocab_size(m) / cfg.parallel.tp
@@ -178,11 +202,17 @@ def pipeline_buffer_bytes(cfg, stage: int, n_stages: int, micro: int, boundary_s
 
 def backward_temporary_bytes(cfg, micro_batch: int) -> float:
     """The largest short-lived tensors of backward: the gradient of one layer's MLP hidden activation (s*b*f/t);
-    SwiGLU's product backward makes two of them (the SiLU output's and the up projection's) from a third."""
+    SwiGLU's product backward makes two of them (the SiLU output's and the up projection's) from a third. A sparse
+    block's: its routed copies' expert hidden (s*b*k*f, whole on every tensor-parallel rank)."""
     m = cfg.model
-    shape = block_shape(m)
-    hidden = m.seq_len * micro_batch * shape.ffn / cfg.parallel.tp * BYTES[cfg.precision.compute_dtype]
-    return hidden * (2 if shape.gated else 1)
+    tokens = m.seq_len * micro_batch
+
+    def hidden(shape: BlockShape) -> float:
+        if shape.sparse:
+            return 2 * tokens * shape.top_k * shape.expert_ffn
+        return tokens * shape.ffn / cfg.parallel.tp * (2 if shape.gated else 1)
+
+    return max(hidden(s) for s in set(block_shapes(m))) * BYTES[cfg.precision.compute_dtype]
 
 
 def tp_collective_bytes(cfg, micro_batch: int) -> float:
@@ -216,10 +246,22 @@ def comm_bytes(cfg, dims: ParallelDims, plan_stage: StagePlan, micro: int) -> di
         per_layer = 4 * 2 * (p.tp - 1) / p.tp * act
         if float8_tensor_parallel(cfg) and p.sequence_parallel:
             per_layer *= (1 + FP8 / BYTES[cfg.precision.compute_dtype]) / 2  # fp8: both all-gathers in float8
-        out["tp"] = per_layer * len(plan_stage.layers) * micro
+        # A sparse block's MoE is computed whole: only attention's all-reduce each way, and under sequence
+        # parallel the MoE input's all-gather forward and its output gradient's backward.
+        sparse_layer = 2 * 2 * (p.tp - 1) / p.tp * act + (2 * (p.tp - 1) / p.tp * act if p.sequence_parallel else 0)
+        shapes = block_shapes(m)
+        out["tp"] = sum(sparse_layer if shapes[i].sparse else per_layer for i in plan_stage.layers) * micro
     if p.pp > 1:
         out["pp"] = 2 * act / p.tp * micro  # activations forward, their gradients backward, per boundary
     return out
+
+
+def largest_block_param(shape: BlockShape, tp: int) -> float:
+    """Elements of one block's largest parameter on a tensor-parallel rank: an MLP matrix (split), or a sparse
+    block's experts' stacked matrices (every expert, whole)."""
+    if shape.sparse:
+        return float(shape.experts * shape.expert_ffn * shape.d_model)
+    return shape.ffn * shape.d_model / tp
 
 
 def _cuda_moments(cfg, dims: ParallelDims, held: list[StagePlan], n_stages: int, micro: int, state: float,
@@ -228,7 +270,11 @@ def _cuda_moments(cfg, dims: ParallelDims, held: list[StagePlan], n_stages: int,
     mb = cfg.train.micro_batch_size
     m, tp = cfg.model, cfg.parallel.tp
     holds_embedding = any(s.stage in (0, n_stages - 1) for s in held)
-    largest = (padded_vocab_size(m) * m.d_model if holds_embedding else block_shape(m).ffn * m.d_model) / tp
+    shapes = block_shapes(m)
+    largest = max(largest_block_param(shapes[i], tp) for s in held for i in s.layers) if any(s.layers for s in held) \
+        else 0.0
+    if holds_embedding:
+        largest = max(largest, padded_vocab_size(m) * m.d_model / tp)
     if dims.zero >= 2:
         largest /= dims.dp_shard  # the optimizer updates its shard
     return cuda_memory.rank_peak(
@@ -246,9 +292,9 @@ def build_plan(cfg, peak_flops: float, memory_bytes: float | None, hw: dict) -> 
     stages, total, non_embedding = stage_params(cfg)
     cuda = cuda_memory.applies(cfg, hw)
     layer_bytes = cuda_memory.layer_bytes if cuda else activation_bytes_per_layer
-    per_layer = layer_bytes(cfg, t.micro_batch_size)
-    full_layer = layer_bytes(cfg, t.micro_batch_size, "none")
-    block_per_rank = cuda_memory.block_params_per_rank(cfg, *block_params(cfg.model))
+    per_layer = layer_bytes_by_layer(layer_bytes, cfg, t.micro_batch_size)
+    full_layer = layer_bytes_by_layer(layer_bytes, cfg, t.micro_batch_size, "none")
+    block_per_rank = [block_params_per_rank(shape, cfg.model, p.tp) for shape in block_shapes(cfg.model)]
     every = cfg.recompute.every
     notes = []
     ranks_stages = {r: pp_lib.stage_ids(r, p.pp, p.virtual_stages, p.pp_schedule) for r in range(p.pp)} \
@@ -258,9 +304,9 @@ def build_plan(cfg, peak_flops: float, memory_bytes: float | None, hw: dict) -> 
         owner = next(r for r, ids in ranks_stages.items() if s.stage in ids)
         s.in_flight = in_flight(cfg, owner, micro)
         # recompute.every=N recomputes only the blocks whose global index is a multiple of N.
-        recomputed[s.stage] = sum(1 for layer in s.layers if cfg.recompute.mode != "none" and layer % every == 0)
-        s.activation_bytes = (per_layer * recomputed[s.stage] + full_layer * (len(s.layers) - recomputed[s.stage])
-                              ) * s.in_flight
+        recomputed[s.stage] = [i for i in s.layers if cfg.recompute.mode != "none" and i % every == 0]
+        s.activation_bytes = sum(per_layer[i] if i in recomputed[s.stage] else full_layer[i] for i in s.layers
+                                 ) * s.in_flight
         if cuda:
             saved, held_copies[s.stage] = cuda_memory.weight_copies(cfg, dims, s, recomputed[s.stage], block_per_rank)
             s.activation_bytes += saved
@@ -272,9 +318,9 @@ def build_plan(cfg, peak_flops: float, memory_bytes: float | None, hw: dict) -> 
     # and backward frees each layer's activations as it makes that layer's gradients: the larger of the two counts.
     # Backward of a recomputed block holds that block's activations again while it runs (on CUDA with its weights'
     # copies made again, when only autocast's cache had held them).
-    rework = full_layer - per_layer if cfg.recompute.mode != "none" else 0.0
-    if cuda:
-        rework += cuda_memory.cached_only_bytes(cfg, dims, 1, block_per_rank)
+    rework = max(full_layer[i] - per_layer[i] + (cuda_memory.cached_only_bytes(cfg, dims, [i], block_per_rank)
+                                                 if cuda else 0.0) for i in range(cfg.model.n_layers)) \
+        if cfg.recompute.mode != "none" else 0.0
     transient = (backward_temporary_bytes(cfg, t.micro_batch_size) + rework
                  + tp_collective_bytes(cfg, t.micro_batch_size))
     if cuda:
@@ -314,6 +360,8 @@ def build_plan(cfg, peak_flops: float, memory_bytes: float | None, hw: dict) -> 
     if not float8_peak:
         float8_fpt, float8_peak = 0.0, 1.0
     flop_s = (fpt - float8_fpt) / peak_flops + float8_fpt / (float8_peak * 1e12)  # seconds per token's FLOPs
+    # Tensor parallel computes a sparse block's MoE whole on every rank: (tp - 1) more copies of its FLOPs.
+    flop_s += (p.tp - 1) * moe_flops_per_token(cfg.model) / peak_flops
     compute_s = flop_s * tokens / world * recompute_factor / hw["efficiency"]
     bubble = (p.pp - 1) / (p.virtual_stages * micro + p.pp - 1) if p.pp > 1 else 0.0
     comm = comm_bytes(cfg, dims, stages[heaviest], micro)
@@ -345,7 +393,12 @@ def build_plan(cfg, peak_flops: float, memory_bytes: float | None, hw: dict) -> 
                      f"({float8_peak:,.0f} TFLOPS), the rest at the {cfg.precision.compute_dtype} peak; float8 "
                      "scaling and casts (memory-bound; train.compile fuses them) are not counted, so the speed-up "
                      f"is an upper bound; MFU is against the {cfg.precision.compute_dtype} peak")
-    return Plan(params_total=total, params_non_embedding=non_embedding, flops_per_token=fpt, world_size=world,
+    if p.tp > 1 and moe_flops_per_token(cfg.model):
+        notes.append(f"tensor parallel computes the MoE blocks whole on each of the {p.tp} ranks: their FLOPs "
+                     f"({moe_flops_per_token(cfg.model) / fpt:.0%} of the model's) take {p.tp}x the time, not counted "
+                     "as model FLOPs (MFU)")
+    return Plan(params_total=total, params_non_embedding=non_embedding, params_active=active_params(cfg, total),
+                flops_per_token=fpt, world_size=world,
                 dims={"dp": dims.dp, "dp_shard": dims.dp_shard, "tp": p.tp, "pp": p.pp,
                       "virtual_stages": p.virtual_stages, "zero": dims.zero, "schedule": p.pp_schedule,
                       "recompute": cfg.recompute.mode, "recompute_every": cfg.recompute.every,

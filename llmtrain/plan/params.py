@@ -1,80 +1,150 @@
 """Parameter counts and training FLOPs per token of the configured model, from the config alone (no torch).
 
-Both architectures (model.arch) are counted from the shapes of one block (llmtrain/model/): GPT-2's biased q/k/v,
-projection and 4 x d_model GELU MLP with two LayerNorms, plus a learned position table; Llama's bias-free q, k and v
-(k and v n_kv_heads x head_dim wide), projection, SwiGLU's gate, up (fc) and down (proj) matrices and two RMSNorms
-(a weight each), no position table. The head is tied to the token embedding unless model.tie_embeddings=false (Llama
-only), when it is one more vocabulary x d_model matrix on the last stage. The tests compare every count with the
-real model, per pipeline stage.
+Every family is counted from the shapes of its blocks, as its spec gives them (llmtrain/model/<arch>/, a
+BlockShape per layer: a mixture-of-experts model's dense first layers differ from its sparse ones): q, k and v
+(k and v n_kv_heads x head_dim wide), the attention projection, the MLP (one fc matrix with GELU, or SwiGLU's gate,
+up (fc) and down (proj)), two norms (a bias each too where the family has biases), and where the family has them
+the biases of the linear layers, q/k norms (per head: two head_dim weights; whole width: q's and k's widths) and a
+learned position table. A sparse block's MLP is the MoE: the router (d_model x n_experts), every expert's gate, up
+and down matrices, and the shared experts' SwiGLU; tensor parallel computes it whole on every rank (replicated).
+The head is tied to the token embedding unless model.tie_embeddings=false (families that may untie it), when it is
+one more vocabulary x d_model matrix on the last stage. The tests compare every count with the real model, per
+pipeline stage.
+
+Active parameters are what one token runs through: everything but the routed experts' matrices, plus top_k of
+them in each sparse block. FLOPs per token follow the active parameters (the router's d_model x n_experts
+included), so MFU counts the FLOPs a token really costs.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
-from llmtrain.config.derived import ffn_dim, head_dim, kv_heads, padded_vocab_size
+from omegaconf import DictConfig, OmegaConf
+
+from llmtrain.config.derived import padded_vocab_size
+from llmtrain.model.family import BlockShape
+from llmtrain.model.registry import family_of
 from llmtrain.parallel import layout as pp_lib
 
-
-@dataclass(frozen=True)
-class BlockShape:
-    """The widths of one transformer block's matrices."""
-
-    d_model: int
-    attention: int  # n_heads x head_dim: q's and the projection's width
-    kv: int  # n_kv_heads x head_dim: k's and v's width (= attention for GPT-2 and without GQA)
-    ffn: int  # the MLP's hidden width
-    gated: bool  # SwiGLU: gate and up matrices (Llama); else one fc matrix (GPT-2)
-    biases: bool  # GPT-2's linear layers and LayerNorms have biases; Llama has none
-
-    @property
-    def mlp_in_matrices(self) -> int:
-        return 2 if self.gated else 1
+__all__ = ["BlockShape", "StagePlan", "block_shape", "block_shapes", "block_params", "stage_params",
+           "active_params", "flops_per_token"]
 
 
-def is_llama(model_cfg) -> bool:
-    return model_cfg.arch == "llama"
+def block_shape(model_cfg, layer: int = 0) -> BlockShape:
+    """Block `layer`'s widths and traits, from the model family's spec."""
+    return family_of(model_cfg).block_shape(model_cfg, layer)
 
 
-def block_shape(model_cfg) -> BlockShape:
-    m = model_cfg
-    width = head_dim(m)
-    return BlockShape(d_model=m.d_model, attention=m.n_heads * width, kv=kv_heads(m) * width, ffn=ffn_dim(m),
-                      gated=is_llama(m), biases=not is_llama(m))
+def block_shapes(model_cfg) -> list[BlockShape]:
+    """Every block's shape, by layer index. Worked out once per model section's values: a plan asks for them
+    several times, and `--suggest` plans hundreds of layouts of one model."""
+    if isinstance(model_cfg, DictConfig):
+        return list(_shapes_of(_frozen(OmegaConf.to_container(model_cfg, resolve=True))))
+    spec = family_of(model_cfg)
+    return [spec.block_shape(model_cfg, i) for i in range(model_cfg.n_layers)]
+
+
+def _frozen(value):
+    """A hashable copy of a config section's plain values."""
+    if isinstance(value, dict):
+        return tuple(sorted((k, _frozen(v)) for k, v in value.items()))
+    if isinstance(value, list):
+        return ("<list>", tuple(_frozen(v) for v in value))
+    return value
+
+
+def _thawed(value):
+    """_frozen's values as attribute namespaces (what a spec reads of a model section)."""
+    if isinstance(value, tuple) and value and value[0] == "<list>":
+        return [_thawed(v) for v in value[1]]
+    if isinstance(value, tuple):
+        return SimpleNamespace(**{k: _thawed(v) for k, v in value})
+    return value
+
+
+@functools.lru_cache(maxsize=32)
+def _shapes_of(frozen_model) -> tuple[BlockShape, ...]:
+    m = _thawed(frozen_model)
+    spec = family_of(m)
+    return tuple(spec.block_shape(m, i) for i in range(m.n_layers))
+
+
+def head_dim_of(shape: BlockShape, model_cfg) -> int:
+    return shape.attention // model_cfg.n_heads
+
+
+def attention_matrix_params(shape: BlockShape) -> int:
+    """q, k, v and the attention projection."""
+    d = shape.d_model
+    return d * shape.attention + 2 * d * shape.kv + shape.attention * d
+
+
+def expert_params(shape: BlockShape) -> int:
+    """One routed expert's SwiGLU matrices (gate, up, down)."""
+    return 3 * shape.d_model * shape.expert_ffn
+
+
+def moe_params(shape: BlockShape) -> int:
+    """A sparse block's MoE: router, every routed expert, the shared experts' SwiGLU (all replicated under TP)."""
+    d = shape.d_model
+    return d * shape.experts + shape.experts * expert_params(shape) + 3 * d * shape.shared_ffn
 
 
 def block_matrix_params(shape: BlockShape) -> int:
-    """Weights of one block's matrices: q, k, v, the attention projection and the MLP's (all split by tensor
-    parallel; the matmuls whose FLOPs 6 x parameters counts, and the layers fp8 runs in float8)."""
+    """Weights of one dense block's matrices: q, k, v, the attention projection and the MLP's (all split by tensor
+    parallel; the layers fp8 runs in float8). A sparse block's: the attention's (its MoE is counted apart)."""
+    mlp = 0 if shape.sparse else (shape.mlp_in_matrices + 1) * shape.d_model * shape.ffn
+    return attention_matrix_params(shape) + mlp
+
+
+def qk_norm_params(shape: BlockShape, model_cfg) -> int:
+    """Weights of q's and k's RMSNorms: per head (one head_dim weight each) or over their whole widths."""
+    if shape.qk_norm == "head":
+        return 2 * head_dim_of(shape, model_cfg)
+    if shape.qk_norm == "full":
+        return shape.attention + shape.kv
+    return 0
+
+
+def block_params(shape: BlockShape, model_cfg) -> tuple[int, int]:
+    """(parameters of one block, of them split by tensor parallel). Replicated: the norms, the projections'
+    biases, q/k norms and a sparse block's MoE."""
     d = shape.d_model
-    attention = d * shape.attention + 2 * d * shape.kv + shape.attention * d
-    return attention + (shape.mlp_in_matrices + 1) * d * shape.ffn
+    split = block_matrix_params(shape)
+    replicated = 2 * d + qk_norm_params(shape, model_cfg)  # the two norms' weights
+    if shape.biases:  # column-parallel q/k/v and fc biases split with their weights; the rest replicated
+        split += shape.attention + 2 * shape.kv + (0 if shape.sparse else shape.ffn)
+        replicated += 2 * d + d + (0 if shape.sparse else d)  # norm biases, projection biases
+    if shape.sparse:
+        replicated += moe_params(shape)
+    return split + replicated, split
 
 
-def block_params(model_cfg) -> tuple[int, int]:
-    """(parameters of one transformer block, of them split by tensor parallel)."""
-    s = block_shape(model_cfg)
-    matrices = block_matrix_params(s)
-    if not s.biases:  # two RMSNorm weights, replicated
-        return matrices + 2 * s.d_model, matrices
-    # column-parallel q/k/v and fc biases are split with their weights; the projections' biases and the
-    # LayerNorms' weights and biases are replicated
-    split_biases = s.attention + 2 * s.kv + s.ffn
-    replicated = 2 * s.d_model + 2 * 2 * s.d_model
-    return matrices + split_biases + replicated, matrices + split_biases
+def block_params_per_rank(shape: BlockShape, model_cfg, tp: int) -> int:
+    total, split = block_params(shape, model_cfg)
+    return total - split + split // tp
+
+
+def idle_expert_params(shape: BlockShape) -> int:
+    """Routed expert parameters a token does not run through: all but top_k experts."""
+    return (shape.experts - shape.top_k) * expert_params(shape) if shape.sparse else 0
 
 
 def embedding_params(model_cfg) -> tuple[int, int, int]:
     """(token embedding, position table, untied head) parameters; 0 for what the model does not have."""
     m = model_cfg
+    spec = family_of(m)
     tok = padded_vocab_size(m) * m.d_model
-    if is_llama(m):
-        return tok, 0, 0 if m.tie_embeddings else tok
-    return tok, m.seq_len * m.d_model, 0
+    pos = m.seq_len * m.d_model if spec.learned_positions else 0
+    head = 0 if spec.always_tied or m.tie_embeddings else tok
+    return tok, pos, head
 
 
 def final_norm_params(model_cfg) -> int:
-    return model_cfg.d_model if is_llama(model_cfg) else 2 * model_cfg.d_model
+    return model_cfg.d_model * (2 if block_shape(model_cfg, model_cfg.n_layers - 1).biases else 1)
 
 
 @dataclass
@@ -93,34 +163,58 @@ def stage_params(cfg) -> tuple[list[StagePlan], int, int]:
     """Per-stage parameter counts (exact; the tests check against the real model) and the model's total and
     non-embedding counts (without the token embedding, the position table and an untied head)."""
     m, p = cfg.model, cfg.parallel
-    block, block_split = block_params(m)
+    shapes = block_shapes(m)
+    blocks = [block_params(s, m)[0] for s in shapes]
+    blocks_per_rank = [block_params_per_rank(s, m, p.tp) for s in shapes]
     tok, pos, head = embedding_params(m)
     norm = final_norm_params(m)
-    total = tok + pos + head + norm + block * m.n_layers
+    total = tok + pos + head + norm + sum(blocks)
     stages_n = p.pp * p.virtual_stages
     counts = pp_lib.layers_per_stage(m.n_layers, stages_n, p.pp_layers)
     plans = []
     for s in range(stages_n):
-        n = block * counts[s]
-        per_rank = (block - block_split + block_split // p.tp) * counts[s]
+        start = sum(counts[:s])
+        layers = list(range(start, start + counts[s]))
+        n = sum(blocks[i] for i in layers)
+        per_rank = sum(blocks_per_rank[i] for i in layers)
         if s == 0:  # token embedding (vocab-parallel) and positions (replicated)
             n, per_rank = n + tok + pos, per_rank + tok // p.tp + pos
         if s == stages_n - 1:  # final norm and the head: its own, or the tied one (on another stage: a copy)
             n, per_rank = n + norm, per_rank + norm
             own_head = head or (tok if s != 0 else 0)
             n, per_rank = n + own_head, per_rank + own_head // p.tp
-        start = sum(counts[:s])
-        plans.append(StagePlan(s, list(range(start, start + counts[s])), n, per_rank))
+        plans.append(StagePlan(s, layers, n, per_rank))
     return plans, total, total - tok - pos - head
 
 
+def active_params(cfg, total: int | None = None) -> int:
+    """Parameters one token runs through: the total less, in each sparse block, the routed experts it skips."""
+    if total is None:
+        total = stage_params(cfg)[1]
+    return total - sum(idle_expert_params(s) for s in block_shapes(cfg.model))
+
+
+def moe_flops_per_token(model_cfg) -> float:
+    """Training FLOPs per token of the sparse blocks' MoE (router, top_k experts, shared experts): the part that
+    tensor parallel computes whole on every rank."""
+    total = 0
+    for s in block_shapes(model_cfg):
+        if s.sparse:
+            total += moe_params(s) - idle_expert_params(s)
+    return 6.0 * total
+
+
 def flops_per_token(cfg, n_params_non_embedding: int | None = None) -> float:
-    """Training FLOPs per token: 6 x (non-embedding parameters + the output head's d x V, counted once, tied or not)
-    + 6 x L x s x (n_heads x head_dim) for causal attention scores and values (Kaplan et al. 2020: 2 matmuls of
-    2 x s x width per token forward, halved by the causal mask, x 3 for backward; recompute is not model FLOPs).
-    Grouped-query attention's narrower k and v show in the parameters; its scores are as wide as without."""
+    """Training FLOPs per token: 6 x (active non-embedding parameters + the output head's d x V, counted once, tied
+    or not) + 6 x L x s x (n_heads x head_dim) for causal attention scores and values (Kaplan et al. 2020: 2 matmuls
+    of 2 x s x width per token forward, halved by the causal mask, x 3 for backward; recompute is not model FLOPs).
+    Grouped-query attention's narrower k and v show in the parameters; its scores are as wide as without. Active:
+    a sparse block counts its router and top_k of its routed experts (`n_params_non_embedding` is the total
+    non-embedding count, as stage_params gives it)."""
     m = cfg.model
     if n_params_non_embedding is None:
         n_params_non_embedding = stage_params(cfg)[2]
+    shapes = block_shapes(m)
+    active = n_params_non_embedding - sum(idle_expert_params(s) for s in shapes)
     head = m.d_model * padded_vocab_size(m)
-    return 6.0 * (n_params_non_embedding + head) + 6.0 * m.n_layers * m.seq_len * block_shape(m).attention
+    return 6.0 * (active + head) + 6.0 * m.seq_len * sum(s.attention for s in shapes)

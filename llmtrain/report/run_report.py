@@ -1,6 +1,7 @@
 """`llmtrain report RUN_DIR`: plots (loss, learning rate, throughput) and a summary table of one run, read from
 its metrics.jsonl and config.yaml, with the stragglers named and the goodput ledger (goodput.json). MFU only from
-rows that have one to show (rundir/mfu_field.py); otherwise one line says why."""
+rows that have one to show (rundir/mfu_field.py); otherwise one line says why. A mixture-of-experts run also gets
+its router's losses beside the loss and the expert-load heat map (report/expert_load.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ import argparse
 import os
 import statistics
 
+from omegaconf import OmegaConf
+
 from llmtrain.config.errors import ConfigError
 from llmtrain.console import fold_table, get_console, plain
 from llmtrain.jobs.status import straggler_line
+from llmtrain.report import expert_load
 from llmtrain.report.plotting import NO_PLOTS, PLOT_EXTRA, pyplot
 from llmtrain.report.source_table import plot_source_val_loss, source_rows, val_loss_step
 from llmtrain.rundir import goodput
@@ -149,6 +153,7 @@ def summarize(run_dir: str, rows: list[dict], cfg=None) -> list[tuple[str, str]]
     if named:
         out.append(("stragglers", straggler_line({"step": named[-1].get("step"), "stragglers": named[-1]["stragglers"]})
                     + f" ({len(named)} time(s) in all)"))
+    out += expert_load.summary_rows(rows)
     out += [(label if i == 0 else f"  {label}", value)
             for i, (label, value) in enumerate(goodput.summary_lines(goodput.read_ledger(run_dir)))]
     return out
@@ -169,11 +174,13 @@ def _no_data(ax, what: str) -> None:
     ax.text(0.5, 0.5, f"no {what} logged", ha="center", va="center", transform=ax.transAxes, color="gray")
 
 
-def plot_all(plt, rows: list[dict], out_dir: str, title: str) -> list[str]:
+def plot_all(plt, rows: list[dict], out_dir: str, title: str, top_k: int | None = None) -> list[str]:
     train = [r for r in rows if _num(r, "loss") is not None]
     paths = []
 
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    router = expert_load.has_router_losses(train)  # a MoE run: its router's losses beside the loss
+    fig, axes = plt.subplots(1, 2 if router else 1, figsize=(14 if router else 8, 4.5))
+    ax = axes[0] if router else axes
     steps, loss = _series(train, "loss")
     vsteps, vloss = _series(rows, "val_loss")
     if steps:
@@ -186,6 +193,8 @@ def plot_all(plt, rows: list[dict], out_dir: str, title: str) -> list[str]:
         ax.legend()
     ax.set(xlabel="step", ylabel="loss", title=f"{title}: loss")
     ax.grid(alpha=0.3)
+    if router:
+        expert_load.plot_router_losses(axes[1], train, title)
     paths.append(os.path.join(out_dir, "loss.png"))
     _save(plt, fig, paths[-1])
 
@@ -218,8 +227,9 @@ def plot_all(plt, rows: list[dict], out_dir: str, title: str) -> list[str]:
         ax.legend(lines, [line.get_label() for line in lines], loc="lower right")
     paths.append(os.path.join(out_dir, "throughput.png"))
     _save(plt, fig, paths[-1])
-    per_source = plot_source_val_loss(plt, rows, out_dir, title, _save)
-    return paths + ([per_source] if per_source else [])
+    extra = [plot_source_val_loss(plt, rows, out_dir, title, _save),
+             expert_load.plot_expert_load(plt, rows, out_dir, title, _save, top_k)]
+    return paths + [p for p in extra if p]
 
 
 # ---------------------------------------------------------------------------------------------------- tensorboard
@@ -278,7 +288,8 @@ def run_report(args) -> int:
     paths = []
     if plt is not None:
         os.makedirs(out_dir, exist_ok=True)
-        paths = plot_all(plt, rows, out_dir, title)
+        moe = OmegaConf.select(cfg, "model.moe") if cfg is not None else None
+        paths = plot_all(plt, rows, out_dir, title, moe.top_k if moe else None)
 
     console = get_console()
     table = fold_table(f"run report: {run_dir}", show_header=False)

@@ -1,8 +1,9 @@
 """What a logged step reports: throughput over the steps since the last logged one, a metrics row (loss, lr,
 grad norm, tokens/s, TFLOPS, MFU and its peak where the device's peak is known, memory, loss scale, the data
-wait, and for data=mix the tokens each source has given) and rank 0's console line. MFU is never over 100%: a step
-faster than the peak means the peak is wrong, which is said once, and MFU is left out from then on.
-Reading the loss and grad norm waits for the device, so it happens on logged steps only."""
+wait, for data=mix the tokens each source has given, for a MoE model the routing fields of train/moe_step.py) and
+rank 0's console line. MFU is never over 100%: a step faster than the peak means the peak is wrong, which is said
+once, and MFU is left out from then on. Reading the loss and grad norm waits for the device, so it happens on
+logged steps only."""
 
 from __future__ import annotations
 
@@ -12,6 +13,13 @@ from typing import Callable
 from llmtrain.rundir.mfu_field import PEAK_KEY
 from llmtrain.train.metrics import MetricsWriter
 from llmtrain.train.optim import lr_at
+
+
+def moe_words(row: dict) -> str:
+    """A MoE model's part of the console line: the load-balancing loss and the worst layer's expert load."""
+    if "aux_loss" not in row:
+        return ""
+    return f" | aux_loss {row['aux_loss']:.4f} | expert_load {max(row['expert_load']):.2f}"
 
 
 class StepLog:
@@ -57,6 +65,8 @@ class StepLog:
         self._add_mfu(step, row)
         if self.scaler.enabled:
             row.update(loss_scale=self.scaler.scale, skipped_steps=self.scaler.skipped_steps)
+        if result.moe:
+            row.update(result.moe)
         named = self.stragglers.interval_done() if self.stragglers is not None else []
         if named:
             row["stragglers"] = named
@@ -65,7 +75,7 @@ class StepLog:
         self.metrics.write(row)
         mfu = f" | MFU {row['mfu']:.1%}" if "mfu" in row else ""
         self.log(f"step {step:>6}/{self.t.max_steps} | loss {row['loss']:.4f} | lr {row['lr']:.2e} | "
-                 f"grad_norm {row['grad_norm']:.3f} | {tokens_per_s:,.0f} tok/s | "
+                 f"grad_norm {row['grad_norm']:.3f}{moe_words(row)} | {tokens_per_s:,.0f} tok/s | "
                  f"{step_time * 1000:.0f} ms/step{mfu}", flush=True)
 
     def _add_mfu(self, step: int, row: dict) -> None:

@@ -36,6 +36,7 @@ from llmtrain.train.fault_injection import (SKIP_COLLECTIVE, SLEEP_IN_STEP, comp
                                             gradient_fault, hang_here, injected_hangs)
 from llmtrain.train.goodput_events import GoodputEvents
 from llmtrain.train.metrics import MetricsWriter
+from llmtrain.train.moe_step import MoEStep
 from llmtrain.train.preemption import Preempted, PreemptionFlag
 from llmtrain.train.progress_beat import ProgressBeat
 from llmtrain.train.run_end import last_step, nothing_to_do
@@ -59,6 +60,7 @@ class StepResult:
     loss: torch.Tensor | float
     grad_norm: torch.Tensor | float
     skipped: bool
+    moe: dict | None = None  # a MoE model's fields of a logged step's metrics row
 
 
 def nonfinite_flag(tensors: list[torch.Tensor]) -> torch.Tensor:
@@ -97,6 +99,7 @@ class Trainer:
         self.model: ParallelModel = build_parallel_model(cfg, self.dims, self.mesh, device,
                                                            configured_pretrained(cfg.model))
         self.params = self.model.parameters()
+        self.moe = MoEStep.build(cfg, self.model.parts, self.mesh, self.dims, device)
         self.fused = resolve_fused(cfg.optim.fused, device.type)
         self.optimizer = build_optimizer(self.model.parts, cfg.train, self.fused)
         p = cfg.precision
@@ -165,6 +168,12 @@ class Trainer:
     def plain_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return plain(self.loss_fn(logits, targets))
 
+    def loss_factor(self) -> float:
+        """What the LM loss is multiplied by before backward: the loss scale, over the micro-batches unless the
+        pipeline schedule divides the gradients by them itself."""
+        scale = self.scaler.scale if self.scaler.enabled else 1.0
+        return scale if self.model.pipeline is not None else scale / self.accum
+
     def forward_backward(self) -> torch.Tensor:
         """Run all micro-batches of this step on this dp rank; return the mean loss (valid on last pp stage)."""
         if self.model.pipeline is not None:
@@ -213,6 +222,8 @@ class Trainer:
             part.train()
         if self.exit_fault is not None:
             self.exit_fault(self.step + 1)
+        if self.moe is not None:
+            self.moe.start(self.loss_factor())
         self.compute.start()
         local_loss = self.forward_backward()
         compute_s = self.compute.stop()
@@ -314,6 +325,8 @@ class Trainer:
         while self.step < last:
             result, step_time = self._timed_step(first_step)
             state.advance(t.global_batch_size, step_log.tokens_per_step)
+            if self.moe is not None:  # the router bias balancing, and a logged step's expert statistics
+                result.moe = self.moe.finish(step_log.due(state.step), result.skipped)
             self.beat.step_done(state.step, step_time)
             for line in self.feed.step_done(state.step, state.samples_seen - t.global_batch_size, state.samples_seen):
                 self.log(line, flush=True)

@@ -21,7 +21,7 @@ from llmtrain.checkpoint.pretrained import load_pretrained
 from llmtrain.checkpoint.safetensors_io import read_safetensors, read_safetensors_metadata, write_safetensors
 from llmtrain.checkpoint.export_cli import add_export_arguments, run_export
 from llmtrain.config import ConfigError, compose_config, to_yaml
-from llmtrain.model.gpt import GPT, GPTArgs
+from llmtrain.model import GPT, GPTArgs
 
 SMALL = ["model.n_layers=2", "model.d_model=32", "model.n_heads=2", "model.seq_len=32"]
 

@@ -4,12 +4,15 @@ it is skipped, a running one is stopped), and its CPU dry mode runs every part's
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
+import re
 import subprocess
 import sys
 import time
 
 import pytest
+import yaml
 from conftest import REPO, wait_for, worker_processes
 
 
@@ -45,6 +48,7 @@ def test_the_default_parts_fit_the_deadline_and_the_deadline_an_8_minute_loan():
     m = parts_module()
     assert sum(m.BUDGET_S[p] for p in m.DEFAULT_PARTS) <= m.DEADLINE_S <= 8 * 60 - 90
     assert set(m.BUDGET_S) == set(m.TITLES) and "fp8" not in m.DEFAULT_PARTS  # the long parts are opt-in
+    assert "moe" not in m.DEFAULT_PARTS and m.BUDGET_S["moe"] <= 150
     # What gpu_check.sh runs is what `plan` prints: by default those parts, with those limits.
     plan = subprocess.run(["python3", str(REPO / "scripts" / "gpu_check_parts.py"), "plan"], capture_output=True,
                           text=True, check=True).stdout.splitlines()
@@ -117,7 +121,7 @@ def test_dry_mode_runs_every_part_on_cpu(dry_run_of_every_part):
     for title, (status, figures, log) in table.items():
         assert status == ("SKIP" if title in skipped else "PASS"), (title, status, figures, open(log).read()[-3000:])
     # A CPU has no known peak: the parts that report MFU say it is not shown, never a made-up figure.
-    for part in ("throughput", "llama", "tune"):
+    for part in ("throughput", "llama", "tune", "moe"):
         figures = table[t[part]][1]
         assert "MFU not shown (no known peak)" in figures and "nan" not in figures, (part, figures)
 
@@ -131,3 +135,70 @@ def test_dry_mode_tune_part_reports_the_winner_against_the_defaults(dry_run_of_e
     assert figures.startswith("winner dp1-tp1-pp1-") and "; defaults (micro 2): " in figures
     assert "calibrated from 3 trials on cpu, " in figures
     assert len(list((out / "runs" / "tune" / "trials").glob("*.json"))) == 3
+
+
+@pytest.mark.slow
+def test_dry_mode_moe_part_runs_the_grouped_kernel_and_the_loop(dry_run_of_every_part):
+    out, result = dry_run_of_every_part
+    assert result.returncode == 0, result.stderr
+    status, figures, log = rows(out)[titles()["moe"]]
+    assert status == "PASS", (figures, open(log).read()[-3000:])
+    speed = r"[\d,]+ tok/s, MFU not shown \(no known peak\)"
+    assert re.fullmatch(rf"moe-tiny x 2 layers, micro 2: grouped {speed}; loop {speed}; grouped / loop [\d.]+x; "
+                        r"step-1 losses [\d.e+-]+ apart \(pass <= 0.01\); losses fell over 10 steps", figures), figures
+    for mode in ("on", "off"):  # each run got its setting
+        config = yaml.safe_load((out / "runs" / f"moe-grouped-{mode}" / "config.yaml").read_text())
+        assert config["model"]["moe"]["grouped_mm"] == mode
+
+
+def _moe_part(tmp_path, monkeypatch, losses: dict):
+    """gpu_check_moe.part_moe on the CPU sizes with launches that write `losses[mode]` as metrics.jsonl (a None
+    entry: that launch fails)."""
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    parts = parts_module()
+    monkeypatch.setitem(sys.modules, "gpu_check_parts", parts)
+    from gpu_check_moe import part_moe
+
+    def launch(name, overrides, fresh=True):
+        mode = next(o.rpartition("=")[2] for o in overrides if "grouped_mm" in o)
+        if losses[mode] is None:
+            raise RuntimeError(f"llmtrain launch {name} failed (exit 1)")
+        run = tmp_path / "runs" / name
+        run.mkdir(parents=True)
+        tps = 1000.0 if mode == "on" else 250.0
+        (run / "metrics.jsonl").write_text("".join(
+            json.dumps({"step": i + 1, "loss": v, "tokens_per_s": tps, "step_time_s": 0.1}) + "\n"
+            for i, v in enumerate(losses[mode])))
+        return run
+
+    p = parts.Part(tmp_path, parts.Sizes("cpu"))
+    monkeypatch.setattr(p, "launch", launch)
+    return part_moe, p
+
+
+FALLING = [5.0 - 0.1 * i for i in range(10)]
+
+
+def test_moe_part_passes_on_agreeing_falling_losses(tmp_path, monkeypatch):
+    part_moe, p = _moe_part(tmp_path, monkeypatch, {"on": FALLING, "off": FALLING})
+    assert part_moe(p) == ("PASS", "moe-tiny x 2 layers, micro 2: grouped 1,000 tok/s, MFU not shown (no known peak); "
+                                   "loop 250 tok/s, MFU not shown (no known peak); grouped / loop 4.000x; step-1 "
+                                   "losses 0.0e+00 apart (pass <= 0.01); losses fell over 10 steps")
+
+
+@pytest.mark.parametrize("off, words", [([5.1] + FALLING[1:], "step-1 losses 2.0e-02 apart (pass <= 0.01); losses fell"),
+                                        ([5.0] * 10, "losses did not fall over 10 steps")])
+def test_moe_part_fails_on_disagreeing_or_flat_losses(tmp_path, monkeypatch, off, words):
+    part_moe, p = _moe_part(tmp_path, monkeypatch, {"on": FALLING, "off": off})
+    status, figures = part_moe(p)
+    assert status == "FAIL" and words in figures, figures
+
+
+def test_moe_part_keeps_the_grouped_figures_when_the_loop_run_does_not_finish(tmp_path, monkeypatch):
+    part_moe, p = _moe_part(tmp_path, monkeypatch, {"on": FALLING, "off": None})
+    with pytest.raises(RuntimeError, match="moe-grouped-off failed"):
+        part_moe(p)
+    row = json.loads((tmp_path / "results" / "moe.json").read_text())
+    assert row["status"] == "FAIL" and row["log"] == str(tmp_path / "logs" / "moe.log")
+    assert row["detail"] == ("moe-tiny x 2 layers: grouped 1,000 tok/s, MFU not shown (no known peak); the loop run "
+                             "did not finish")

@@ -38,7 +38,7 @@ def refusal(capsys, *overrides: str) -> str:
                              "remove it (default None) or set model.arch=llama"),
     (["model.tie_embeddings=false"], "model.tie_embeddings: is a model.arch=llama setting"),
     (["model.rope_theta=500000"], "model.rope_theta: is a model.arch=llama setting"),
-    (["model.arch=mamba"], "model.arch: must be one of gpt2, llama (got mamba)"),
+    (["model.arch=mamba"], "model.arch: must be one of gpt2, llama, qwen3, olmoe (got mamba)"),
     ([*TINY, "model.ffn_dim=100", "parallel.tp=8", "cluster.nproc_per_node=8", "model.n_heads=8",
       "model.n_kv_heads=8"], "parallel.tp: tp=8 must divide the MLP width 100 (model.ffn_dim)"),
     ([*TINY, "model.rope_scaling.factor=8"], "model.rope_scaling.factor: model.rope_scaling is null here; set the "

@@ -15,12 +15,12 @@ import sys
 import pytest
 from conftest import REPO, SMALL
 from helpers.inprocess_run import train_in_process as train
+from helpers.parity import assert_parity, by_step
 
 pytestmark = pytest.mark.slow
 # Evaluation on at steps 5 and 10: every layout and pipeline schedule evaluates, and its val_loss is compared too.
 PARITY = SMALL + ["train.max_steps=10", "train.global_batch_size=8", "train.micro_batch_size=2",
                   "train.eval_interval=5", "train.eval_steps=1"]
-TOL = 1e-5
 
 LAYOUTS = {
     # name: (processes, overrides)
@@ -47,33 +47,6 @@ LAYOUTS = {
 def reference(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("ref") / "run"
     return by_step(train(run_dir, *PARITY, "cluster.nproc_per_node=1"))
-
-
-def by_step(rows) -> dict[int, dict]:
-    """Each step's metrics rows merged: its training row and, at an evaluation, its val_loss."""
-    merged: dict[int, dict] = {}
-    for r in rows:
-        if "loss" in r or "val_loss" in r:
-            merged.setdefault(r["step"], {}).update(r)
-    return merged
-
-
-def assert_parity(rows, reference, label, steps=range(1, 11)):
-    got = by_step(rows)
-    assert sorted(got) == list(steps) and sorted(reference) == list(range(1, 11)), label
-    reference = {s: reference[s] for s in steps}
-    loss_diff = max(abs(got[s]["loss"] - reference[s]["loss"]) for s in reference)
-    norm_diff = max(abs(got[s]["grad_norm"] - reference[s]["grad_norm"]) / reference[s]["grad_norm"]
-                    for s in reference)
-    assert loss_diff <= TOL, f"{label}: max |loss diff| {loss_diff:.2e} > {TOL}"
-    evaluated = [s for s in steps if "val_loss" in reference[s]]
-    assert evaluated and evaluated == [s for s in steps if "val_loss" in got[s]], f"{label}: evaluations"
-    val_diff = max(abs(got[s]["val_loss"] - reference[s]["val_loss"]) for s in evaluated)
-    assert val_diff <= TOL, f"{label}: max |val_loss diff| {val_diff:.2e} > {TOL}"
-    assert norm_diff <= TOL, f"{label}: max relative grad-norm diff {norm_diff:.2e} > {TOL}"
-    first, last = min(steps), max(steps)
-    drop = 0.3 if first == 1 else 0.1  # the losses compared actually move (less in a run's second half)
-    assert reference[last]["loss"] < reference[first]["loss"] - drop
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS))

@@ -15,9 +15,10 @@ PACKAGE = Path(__file__).resolve().parents[2] / "llmtrain"
 
 # From the ground up; names on one line form one layer and may import each other.
 LAYERS = [
-    ("", "errors", "config", "configs", "console", "closed_stdout", "extras", "slurm"),  # "" is the package root
+    # "" is the package root; config reads the model families' specs (model/family.py, torch-free)
+    ("", "errors", "config", "configs", "model", "console", "closed_stdout", "extras", "slurm"),
     ("hardware", "rundir"),
-    ("model", "data"),
+    ("data",),
     ("parallel",),
     ("checkpoint", "plan"),
     ("inference",),

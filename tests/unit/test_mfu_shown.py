@@ -41,7 +41,7 @@ def _logged(tmp_path, monkeypatch, peak_flops):
                            SimpleNamespace(enabled=False), lambda: 0.5, feed,
                            peak_key="hardware.peak_tflops.float32")
     for step in (1, 2):
-        log.step_done(step, SimpleNamespace(loss=2.0, grad_norm=1.0), 0.1, 256 * step, 1.0 * step, 4 * step)
+        log.step_done(step, SimpleNamespace(loss=2.0, grad_norm=1.0, moe=None), 0.1, 256 * step, 1.0 * step, 4 * step)
     metrics.close()
     return read_metrics(str(tmp_path / "metrics.jsonl")), lines
 

@@ -282,7 +282,7 @@ def test_step_log_rows_and_console_lines_carry_the_data_fields(tmp_path):
     metrics = MetricsWriter(str(tmp_path / "metrics.jsonl"))
     log = StepLog(train_cfg, metrics, lambda line, **_: lines.append(line), 256, 1.0, None, 1, scaler,
                   lambda: 0.5, Feed())
-    result = SimpleNamespace(loss=2.0, grad_norm=1.0)
+    result = SimpleNamespace(loss=2.0, grad_norm=1.0, moe=None)
     for step in (1, 2, 3):
         log.step_done(step, result, 0.1, 256 * step, 0.1 * step, samples_seen=4 * step)
     log.eval_done(3, EvalResult(2.5, {"web": 2.25, "code": 3.25}))

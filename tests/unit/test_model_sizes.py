@@ -84,3 +84,24 @@ def test_llama_tiny_is_a_small_grouped_query_model():
     assert model.num_params() == 771_200
     assert ffn_dim(cfg.model) == 352  # int(2 x 4 x 128 / 3) = 341, rounded up to multiple_of 32
     assert model.layers["0"].attn.k.weight.shape == (2 * 32, 128)
+
+
+# The model cards' (rounded) total and active parameter counts: Qwen3-30B-A3B "30.5B in total and 3.3B
+# activated", OLMoE-1B-7B "6.9B total, 1.3B active" (both with their untied embedding and head).
+MOE_PARAMS = {"qwen3-moe-30b-a3b": (30.5e9, 3.3e9), "olmoe-1b-7b": (6.9e9, 1.3e9)}
+
+
+@pytest.mark.parametrize("name", sorted(MOE_PARAMS))
+def test_builtin_moe_sizes_match_their_published_total_and_active_counts(name):
+    """The plan's total equals the built model's (meta device); total and active within 2% of the two-figure
+    published counts."""
+    from llmtrain.plan.params import active_params
+
+    cfg = compose_config([f"model={name}"])
+    _, total, _ = stage_params(cfg)
+    with torch.device("meta"):
+        assert build_model(cfg.model).num_params() == total
+    active = active_params(cfg)
+    published_total, published_active = MOE_PARAMS[name]
+    assert abs(total / published_total - 1) <= 0.02, f"{name}: {total:,} total"
+    assert abs(active / published_active - 1) <= 0.02, f"{name}: {active:,} active"

@@ -40,27 +40,46 @@ def test_compile_keeps_less_than_eager():
     assert planned(base + ["train.compile=true"]).peak_bytes_per_rank < planned(base).peak_bytes_per_rank
 
 
-@pytest.mark.parametrize("arch", ["gpt-tiny", "llama-tiny"])
-def test_block_terms_match_what_autocast_saves(arch):
+BLOCK_CONFIGS = {
+    "gpt-tiny": (["model=gpt-tiny"], 0),
+    "llama-tiny": (["model=llama-tiny"], 0),
+    "qwen3 (q/k norms)": (["model=moe-tiny"], 0),  # moe-tiny's dense first layer
+    "qwen3 sparse": (["model=moe-tiny"], 1),
+    "qwen3 sparse, no shared expert or auxiliary loss": (
+        ["model=moe-tiny", "model.moe={n_experts:4,top_k:2,n_shared_experts:0,norm_topk_prob:false,"
+         "router_aux_loss_coef:0.0,router_z_loss_coef:0.0,n_dense_layers:1}"], 1),
+}
+
+
+@pytest.mark.parametrize("name", BLOCK_CONFIGS)
+def test_block_terms_match_what_autocast_saves(name):
     """cuda_memory.layer_bytes against one block run under CPU autocast (bf16), whose casting rules are CUDA's for
-    these ops: the bytes autograd saves, less the blocks' bf16 weight copies (planned separately) and, for Llama,
-    the two fp32 tensors CPU's composite rms_norm keeps besides its input (CUDA's fused kernel does not)."""
+    these ops: the bytes autograd saves, less the blocks' bf16 weight copies (planned separately) and, for an
+    RMSNorm block, the fp32 tensors CPU's composite rms_norm keeps besides its input (the normalized tensor and
+    per-row scale; CUDA's fused kernel does not), of the block's two norms and of q/k norms. A sparse block's MoE
+    (moe_memory.py) runs its router's softmax and logsumexp in bf16 on CPU, fp32 on CUDA: a few bytes per token."""
     import torch
 
     from llmtrain.model import build_model, init_parameters
     from llmtrain.plan import cuda_memory
+    from llmtrain.plan.params import block_shape
     from llmtrain.train.memory import SavedActivations
 
-    cfg = compose_config([f"model={arch}", "model.d_model=256", "model.seq_len=256", "precision=bf16"])
+    overrides, layer = BLOCK_CONFIGS[name]
+    cfg = compose_config([*overrides, "model.d_model=256", "model.seq_len=256", "precision=bf16"])
     m, b = cfg.model, 2
     model = build_model(m)
     init_parameters(model, 0, 0.02, m.n_layers)
-    block = model.layers["0"]
-    sbh = m.seq_len * b * m.d_model
+    block = model.layers[str(layer)]
+    shape = block_shape(m, layer)
+    tokens = m.seq_len * b
     x = torch.randn(b, m.seq_len, m.d_model, requires_grad=True) * 1.0
     with torch.autocast("cpu", dtype=torch.bfloat16), SavedActivations([]) as saved:
         block(x)
-    weight_copies = 2 * sum(p.numel() for p in block.parameters() if p.dim() == 2)
-    composite_norms = 2 * 4 * sbh if m.arch == "llama" else 0
+    weight_copies = 2 * sum(p.numel() for p in block.parameters() if p.dim() >= 2)
+    composite_norms = 2 * 4 * tokens * m.d_model if shape.rms_norm else 0
+    if shape.qk_norm == "head":
+        rows = (shape.attention + shape.kv) // (shape.attention // m.n_heads)
+        composite_norms += 4 * tokens * (shape.attention + shape.kv + rows)
     measured = saved.total - weight_copies - composite_norms
-    assert abs(cuda_memory.layer_bytes(cfg, b) / measured - 1) <= 0.01, (measured / sbh, arch)
+    assert abs(cuda_memory.layer_bytes(cfg, b, None, layer) / measured - 1) <= 0.01, (measured / tokens, name)

@@ -33,6 +33,8 @@ class Tracker:
 
 # A data=mix row's per-source dicts become one scalar per source under these prefixes.
 PER_SOURCE = {"source_tokens": "source_tokens/", "source_val_loss": "val_loss/"}
+# A MoE row's per-layer lists become one scalar per sparse layer, named by its global index (the row's moe_layers).
+PER_LAYER = {"expert_load": "expert_load/layer_", "experts_idle": "experts_idle/layer_"}
 # Scalars named as they are, without the train/ or val/ prefix.
 UNPREFIXED = ("data_wait_ms",)
 
@@ -43,13 +45,16 @@ def _finite_number(value) -> bool:
 
 def scalars(row: dict) -> dict[str, float]:
     """A row's numbers under the names TensorBoard also gets (train/loss, val/loss, data_wait_ms,
-    source_tokens/<name>, val_loss/<name>, ...); the step is the x-axis, and missing or non-finite values are left
-    out."""
+    source_tokens/<name>, val_loss/<name>, expert_load/layer_<i>, ...); the step is the x-axis, and missing or
+    non-finite values are left out."""
     prefix = "val/" if "val_loss" in row else "train/"
     out = {}
     for key, value in row.items():
         if key in PER_SOURCE and isinstance(value, dict):
             out.update({PER_SOURCE[key] + str(name): v for name, v in value.items() if _finite_number(v)})
+        elif key in PER_LAYER and isinstance(value, list):
+            layers = row.get("moe_layers") or []
+            out.update({PER_LAYER[key] + str(i): v for i, v in zip(layers, value) if _finite_number(v)})
         elif key != "step" and _finite_number(value):
             out[key if key in UNPREFIXED else prefix + key.replace("val_", "")] = value
     return out

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from llmtrain.checkpoint.weight_map import EMBED, HEAD, Piece
+from llmtrain.model.weight_pieces import EMBED, HEAD, Piece
 from llmtrain.config import ConfigError
 from llmtrain.config.derived import ffn_dim, head_dim, kv_heads
 
@@ -62,6 +62,19 @@ def pieces(key: str) -> list[Piece] | None:
         return []
     ours = _LAYER.get(m.group(2))
     return None if ours is None else [Piece(f"layers.{m.group(1)}.{ours}", key)]
+
+
+def is_state(keys) -> bool:
+    """Whether a weights file without config.json has Llama's names (other families share them: the caller
+    prefers the configured family among those that answer yes)."""
+    return "model.embed_tokens.weight" in keys
+
+
+def check_exportable(model_cfg) -> None:
+    """ConfigError for a mixture-of-experts Llama: LlamaForCausalLM has no experts. Every dense one fits."""
+    if getattr(model_cfg, "moe", None) is not None:
+        raise ConfigError("--format", "Hugging Face Llama has no mixture-of-experts layers (model.moe is set); use "
+                                      "--format safetensors")
 
 
 def _rope_scaling(model_cfg) -> dict | None:

@@ -82,7 +82,7 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, args: GPTArgs):
+    def __init__(self, args: GPTArgs, layer: int = 0):
         super().__init__()
         self.ln_1 = nn.LayerNorm(args.d_model, eps=args.norm_eps)
         self.attn = Attention(args)
@@ -112,3 +112,8 @@ class Embedding(nn.Module):
 class GPT(Decoder):
     def __init__(self, args: GPTArgs):
         super().__init__(args, Embedding(args), Block, nn.LayerNorm(args.d_model, eps=args.norm_eps))
+
+
+def build(model_cfg) -> GPT:
+    """The family's module factory (model/gpt2/__init__.py's SPEC.module)."""
+    return GPT(GPTArgs.from_config(model_cfg))

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from llmtrain.checkpoint.weight_map import EMBED, POS, Piece
+from llmtrain.model.weight_pieces import EMBED, POS, Piece
 from llmtrain.config import ConfigError
 from llmtrain.config.derived import ffn_dim
 
@@ -79,7 +79,8 @@ def pieces(key: str) -> list[Piece] | None:
     return None
 
 
-def is_gpt2_state(keys) -> bool:
+def is_state(keys) -> bool:
+    """Whether a weights file without config.json has GPT-2's names."""
     return any(k in ("transformer.wte.weight", "wte.weight") for k in keys)
 
 

@@ -1,7 +1,7 @@
 """Llama-3-style decoder: rotary positions, pre-RMSNorm blocks, SwiGLU MLP, grouped-query attention, no biases,
 output head tied to the token embedding or not.
 
-Built on the same stack as gpt.py (model/decoder.py), so the same parallel code applies from outside
+Built on the same stack as GPT-2 (model/decoder.py), so the same parallel code applies from outside
 (llmtrain.parallel); q/k/v are separate projections (k and v with n_kv_heads heads) so tensor parallel shards
 them by head.
 """
@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from llmtrain.model.decoder import Decoder
+from llmtrain.model.family import moe_args
 from llmtrain.model.rope import apply_rotary, cos_sin, inverse_frequencies
 
 
@@ -34,6 +35,7 @@ class LlamaArgs:
     rope_theta: float = 10000.0
     rope_scaling: object | None = None  # model.rope_scaling (RopeScalingConfig) or None
     tie_embeddings: bool = True
+    moe: object | None = None  # MoEArgs (model/moe/args.py) of a mixture-of-experts model; None = dense
 
     @property
     def head_width(self) -> int:
@@ -54,12 +56,12 @@ class LlamaArgs:
                    n_kv_heads=kv_heads(model_cfg), head_dim=model_cfg.head_dim, norm_eps=model_cfg.norm_eps,
                    rope_theta=model_cfg.rope_theta,
                    rope_scaling=None if scaling is None else RopeScalingConfig(**scaling),
-                   tie_embeddings=model_cfg.tie_embeddings)
+                   tie_embeddings=model_cfg.tie_embeddings, moe=moe_args(model_cfg))
 
 
 class Rotary(nn.Module):
     """Rotates q and k by position. Its inverse frequencies are a non-persistent buffer (in no checkpoint);
-    reset() recomputes them after a model built on the meta device is materialized."""
+    reset_buffers() recomputes them after a model built on the meta device is materialized."""
 
     def __init__(self, args: LlamaArgs):
         super().__init__()
@@ -70,7 +72,7 @@ class Rotary(nn.Module):
         return inverse_frequencies(self.head_dim, self.theta, self.scaling)
 
     @torch.no_grad()
-    def reset(self) -> None:
+    def reset_buffers(self) -> None:
         self.inv_freq.copy_(self._frequencies())
 
     def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -116,13 +118,22 @@ class MLP(nn.Module):
         return self.proj(F.silu(self.gate(x)) * self.fc(x))
 
 
+def feed_forward(args: LlamaArgs, layer: int) -> nn.Module:
+    """Block `layer`'s MLP: SwiGLU, or the mixture of experts on a sparse layer of a MoE model."""
+    if args.moe is None or not args.moe.is_sparse(layer):
+        return MLP(args)
+    from llmtrain.model.moe import MoE
+
+    return MoE(args.d_model, args.moe, layer)
+
+
 class Block(nn.Module):
-    def __init__(self, args: LlamaArgs):
+    def __init__(self, args: LlamaArgs, layer: int = 0):
         super().__init__()
         self.ln_1 = nn.RMSNorm(args.d_model, eps=args.norm_eps)
         self.attn = Attention(args)
         self.ln_2 = nn.RMSNorm(args.d_model, eps=args.norm_eps)
-        self.mlp = MLP(args)
+        self.mlp = feed_forward(args, layer)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x))
@@ -143,3 +154,8 @@ class Embedding(nn.Module):
 class Llama(Decoder):
     def __init__(self, args: LlamaArgs):
         super().__init__(args, Embedding(args), Block, nn.RMSNorm(args.d_model, eps=args.norm_eps))
+
+
+def build(model_cfg) -> Llama:
+    """The family's module factory (model/llama/__init__.py's SPEC.module)."""
+    return Llama(LlamaArgs.from_config(model_cfg))
