@@ -26,6 +26,7 @@ from llmtrain.parallel.build import ParallelModel, build_parallel_model
 from llmtrain.parallel.grad_norm import clip_grad_norm_
 from llmtrain.parallel.layout import ParallelDims
 from llmtrain.parallel.mesh import build_mesh
+from llmtrain.train.bad_streak import last_good_state
 from llmtrain.train.loss_scale import DynamicLossScaler
 from llmtrain.train.data_feed import DataFeed
 from llmtrain.train.evaluation import EvalResult, evaluate
@@ -410,19 +411,7 @@ class Trainer:
         if self.bad_steps >= self.cfg.train.max_bad_steps:
             raise RuntimeError(f"{self.bad_steps} consecutive non-finite steps (train.max_bad_steps="
                                f"{self.cfg.train.max_bad_steps}); stopping at step {self.step} without saving; "
-                               f"{self._last_good_state()}")
-
-    def _last_good_state(self) -> str:
-        """Which checkpoint to go back to after a bad streak. Skipped steps leave the weights as they were, so a
-        checkpoint of the step right before the streak holds the very weights every step of it failed from."""
-        good = self.ckpt.last_good
-        if good is None:
-            return "no checkpoint of this run was saved before these steps"
-        path, step = good
-        if step == self.bad_since - 1:
-            return (f"the newest checkpoint {path} holds the weights all these steps failed from (a skipped step "
-                    "leaves them unchanged), so resume an earlier one")
-        return f"the last good checkpoint is {path}"
+                               f"{last_good_state(self.ckpt.last_good, self.bad_since)}")
 
     def save_checkpoint(self, asynchronous: bool) -> bool:
         """Save unless the state may be poisoned: never after a non-finite step (the streak may not be over),
