@@ -66,6 +66,10 @@ LAYOUTS = {
     "tp2_sp_selective_recompute": (2, ["parallel.tp=2", "parallel.sequence_parallel=true", "recompute=selective"]),
     "pp2_1f1b_full_recompute": (2, ["parallel.pp=2", "parallel.pp_schedule=1f1b", "recompute=full"]),
     "dp2_tp2_zero3": (4, ["parallel.tp=2", "parallel.zero=3"]),
+    # Several stages per rank: each stage's auxiliary loss counts once, the shape-inference forward not at all.
+    "pp2_v2_interleaved_1f1b": (2, ["parallel.pp=2", "parallel.pp_schedule=interleaved_1f1b",
+                                    "parallel.virtual_stages=2"]),
+    "pp2_v2_zbv": (2, ["parallel.pp=2", "parallel.pp_schedule=zbv", "parallel.virtual_stages=2"]),
 }
 
 
