@@ -70,6 +70,10 @@ LAYOUTS = {
     "pp2_v2_interleaved_1f1b": (2, ["parallel.pp=2", "parallel.pp_schedule=interleaved_1f1b",
                                     "parallel.virtual_stages=2"]),
     "pp2_v2_zbv": (2, ["parallel.pp=2", "parallel.pp_schedule=zbv", "parallel.virtual_stages=2"]),
+    "pp2_gpipe": (2, ["parallel.pp=2", "parallel.pp_schedule=gpipe"]),
+    "pp2_v2_looped_bfs": (2, ["parallel.pp=2", "parallel.pp_schedule=looped_bfs", "parallel.virtual_stages=2"]),
+    "pp2_v2_zero_bubble": (2, ["parallel.pp=2", "parallel.pp_schedule=zero_bubble", "parallel.virtual_stages=2"]),
+    "pp2_v2_dualpipe_v": (2, ["parallel.pp=2", "parallel.pp_schedule=dualpipe_v", "parallel.virtual_stages=2"]),
 }
 
 
