@@ -83,8 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
                                         "into a run directory; exit 1 on a problem.")
     _add_compose_args(doctor)
     doctor.add_argument("--max-bytes", type=int, default=None,
-                        help="largest all-reduce message (default 16 MiB on CPU, 256 MiB on CUDA)")
-    doctor.add_argument("--iters", type=int, default=5, help="timed all-reduces per size (default 5)")
+                        help="largest all-reduce and all-to-all message (default 16 MiB on CPU, 256 MiB on CUDA)")
+    doctor.add_argument("--iters", type=int, default=5, help="timed calls per size and collective (default 5)")
 
     plan = sub.add_parser("plan", formatter_class=fmt, epilog=OVERRIDE_HELP,
                           help="parameters, FLOPs, per-rank memory, bubble, communication, step time; fits or not",

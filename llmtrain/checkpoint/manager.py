@@ -34,8 +34,11 @@ from llmtrain.data.identity import data_identity
 def layout_of(cfg: DictConfig) -> dict:
     """The parallel layout recorded in meta.json (and compared with it on load)."""
     p = cfg.parallel
-    return {"dp": p.dp, "tp": p.tp, "pp": p.pp, "zero": p.zero, "virtual_stages": p.virtual_stages,
-            "world_size": world_size(cfg)}
+    layout = {"dp": p.dp, "tp": p.tp, "pp": p.pp, "zero": p.zero, "virtual_stages": p.virtual_stages,
+              "world_size": world_size(cfg)}
+    if p.get("ep", 1) > 1:  # only then: a checkpoint without expert parallel reads as before
+        layout["ep"] = p.ep
+    return layout
 
 
 def _free_bytes(path: str) -> int | None:

@@ -137,6 +137,9 @@ class ParallelConfig:
     zero: int = choice(0, 0, 2, 3)
     # Size of the sharding group inside dp (hybrid sharding); null = all of dp.
     dp_shard: Optional[int] = None
+    # Expert parallel: a mixture of experts' experts split over this many data-parallel ranks (carved from the
+    # innermost ranks of parallel.dp_shard, or of parallel.dp under zero=0); 1 = every rank holds every expert.
+    ep: int = 1
 
 
 # train.global_batch_size=null: the same samples per step for any layout (16 sequences: gpt-tiny's demo on a CPU).

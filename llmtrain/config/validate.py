@@ -198,6 +198,7 @@ def _validate_parallel(cfg: DictConfig) -> None:
         _require(p.zero in (2, 3) or p.dp_shard == 1, "parallel.dp_shard",
                  "hybrid sharding needs parallel.zero=2 or 3 (zero=0 replicates everything)")
 
+    _validate_expert_parallel(cfg)
     v = p.virtual_stages
     if p.pp_schedule in SINGLE_STAGE_SCHEDULES:
         _require(v == 1, "parallel.virtual_stages",
@@ -224,6 +225,26 @@ def _validate_parallel(cfg: DictConfig) -> None:
         _require(m.n_layers % stages == 0, "parallel.pp",
                  f"model.n_layers={m.n_layers} is not divisible by pp x virtual_stages = {stages} "
                  "(give an explicit split with parallel.pp_layers)")
+
+
+def _validate_expert_parallel(cfg: DictConfig) -> None:
+    p, m = cfg.parallel, cfg.model
+    ep = p.get("ep", 1)
+    _require(ep >= 1, "parallel.ep", f"must be >= 1 (got {ep})")
+    if ep == 1:
+        return
+    _require(m.get("moe") is not None, "parallel.ep",
+             f"ep={ep} splits a mixture of experts' experts, but model.moe is null (a dense model)")
+    n = m.moe.n_experts
+    _require(n % ep == 0, "parallel.ep", f"ep={ep} must divide model.moe.n_experts={n}")
+    if p.zero == 0:
+        _require(p.dp % ep == 0, "parallel.ep",
+                 f"ep={ep} must divide parallel.dp={p.dp} (expert parallel is carved from the data-parallel ranks)")
+    else:
+        shard = p.dp_shard or p.dp
+        _require(shard % ep == 0, "parallel.ep",
+                 f"ep={ep} must divide the ZeRO shard group parallel.dp_shard={shard} "
+                 "(expert parallel is carved from its ranks)")
 
 
 def _validate_train(cfg: DictConfig) -> None:

@@ -1,4 +1,5 @@
-"""`llmtrain doctor`'s all-reduce sweeps, timed the way nccl-tests' all_reduce_perf does, over three scopes:
+"""`llmtrain doctor`'s all-reduce sweeps, timed the way nccl-tests' all_reduce_perf does, and beside each its
+all-to-all sweep (all_to_all_sweeps), over three scopes:
 
 - intra-node: each node's ranks among themselves (all nodes at once, each its own group);
 - inter-node: one rank per node (local rank 0), so the figure is the network's alone;
@@ -10,7 +11,8 @@ inter-node) is not measured twice, and a group of one rank has nothing to measur
 
 from __future__ import annotations
 
-import time
+from llmtrain.doctor.all_to_all_sweeps import time_all_to_all
+from llmtrain.doctor.collective_timing import row, slowest_seconds
 
 SCOPES = ("intra-node", "inter-node", "all")
 
@@ -52,28 +54,16 @@ def time_all_reduce(device, sizes: list[int], iters: int, group, n: int) -> list
     rows = []
     for size in sizes:
         x = torch.ones(max(1, size // 4), dtype=torch.float32, device=device)
-        for _ in range(2):
-            dist.all_reduce(x, group=group)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        dist.barrier(group=group)
-        start = time.perf_counter()
-        for _ in range(iters):
-            dist.all_reduce(x, group=group)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        elapsed = torch.tensor([(time.perf_counter() - start) / iters], dtype=torch.float64)
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=group)  # the slowest rank sets the pace
-        t = elapsed.item()
-        algbw = x.numel() * 4 / t / 1e9
-        rows.append({"bytes": x.numel() * 4, "time_us": t * 1e6, "algbw_gbs": algbw,
-                     "busbw_gbs": bus_bandwidth(algbw, n)})
+        seconds = slowest_seconds(device, lambda: dist.all_reduce(x, group=group), iters, group)
+        rows.append(row(x.numel() * 4, seconds, bus_bandwidth(1.0, n)))
     return rows
 
 
-def run_sweeps(device, placement: list[tuple[int, int]], sizes: list[int], iters: int) -> list[dict]:
-    """Every rank calls this; rank 0 gets each measured group's rows ({"ranks", "node", "rows"} under
-    "results"). Scopes run one after another, so inter-node traffic never overlaps an intra-node timing."""
+def run_sweeps(device, placement: list[tuple[int, int]], sizes: list[int], all_to_all_sizes: list[int],
+               iters: int) -> dict:
+    """Every rank calls this; rank 0 gets {"sweeps": all-reduce, "all_to_all_sweeps": all-to-all}, each a list of
+    scopes whose measured groups' rows are under "results" ({"ranks", "node", "rows"}). Scopes run one after
+    another, so inter-node traffic never overlaps an intra-node timing."""
     import torch.distributed as dist
 
     rank = dist.get_rank()
@@ -83,17 +73,23 @@ def run_sweeps(device, placement: list[tuple[int, int]], sizes: list[int], iters
     for sweep in sweeps:
         for group in sweep.get("groups", []):
             handles[tuple(group)] = dist.new_group(group)
-    mine: dict[str, list[dict]] = {}
+    mine: dict[str, dict[str, list[dict]]] = {"all_reduce": {}, "all_to_all": {}}
     for sweep in sweeps:
         for group in sweep.get("groups", []):
             if rank in group:
-                rows = time_all_reduce(device, sizes, iters, handles[tuple(group)], len(group))
+                handle, n = handles[tuple(group)], len(group)
+                reduced = time_all_reduce(device, sizes, iters, handle, n)
+                exchanged = time_all_to_all(device, all_to_all_sizes, iters, handle, n)
                 if rank == group[0]:
-                    mine[sweep["scope"]] = rows
+                    mine["all_reduce"][sweep["scope"]] = reduced
+                    mine["all_to_all"][sweep["scope"]] = exchanged
         dist.barrier()
     gathered: list = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, mine)
-    for sweep in sweeps:
-        sweep["results"] = [{"ranks": g, "node": placement[g[0]][0], "rows": gathered[g[0]][sweep["scope"]]}
-                            for g in sweep.get("groups", [])]
-    return sweeps
+
+    def with_results(collective: str) -> list[dict]:
+        return [{**sweep, "results": [{"ranks": g, "node": placement[g[0]][0],
+                                       "rows": gathered[g[0]][collective][sweep["scope"]]}
+                                      for g in sweep.get("groups", [])]} for sweep in sweeps]
+
+    return {"sweeps": with_results("all_reduce"), "all_to_all_sweeps": with_results("all_to_all")}

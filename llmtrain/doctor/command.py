@@ -4,7 +4,8 @@ In order: the tools this node needs (ssh, sbatch); whether every node can be use
 Slurm: enough nodes of the partition are up, see node_availability), before any job starts; then a short job
 through the same backend as `launch` (the same hosts, environment and rendezvous) that reports versions (Python,
 torch, CUDA, NCCL) and whether they agree, accelerators per rank, the interface and address each node's
-collectives use, and all-reduce bus bandwidth within nodes, across nodes and over all ranks. Exits 1 on a problem.
+collectives use, and all-reduce and all-to-all bandwidth within nodes, across nodes and over all ranks. Exits 1 on
+a problem.
 
 Each check gets a folder of its own, doctor.dir/<YYYYmmdd-HHMMSS>/ (config.yaml, logs/, report.json): doctor
 never writes into a run directory nor takes its lock, so it can run beside a job. It reads one: the hosts the
@@ -23,6 +24,7 @@ from omegaconf import DictConfig
 from llmtrain.config import to_yaml
 from llmtrain.config.errors import ConfigError
 from llmtrain.console import get_console, plain, say
+from llmtrain.doctor.all_to_all_sweeps import all_to_all_sizes
 from llmtrain.doctor.ledger_marks import ledger_lines
 from llmtrain.doctor.node_availability import nodes_ready
 from llmtrain.doctor.findings import problems, render
@@ -58,13 +60,13 @@ def sweep_sizes(cfg: DictConfig, max_bytes: int | None) -> list[int]:
 
 
 def prepare(cfg: DictConfig, out_dir: str, sizes: list[int], iters: int) -> None:
-    """What the ranks read: the resolved config (whose run.dir is this folder) and the sweep's arguments."""
+    """What the ranks read: the resolved config (whose run.dir is this folder) and the sweeps' arguments."""
     paths = RunPaths(out_dir)
     os.makedirs(paths.logs)
     with open(paths.config, "w") as f:
         f.write(to_yaml(cfg))
     with open(os.path.join(out_dir, "doctor_args.json"), "w") as f:
-        json.dump({"sizes": sizes, "iters": iters}, f)
+        json.dump({"sizes": sizes, "all_to_all_sizes": all_to_all_sizes(sizes), "iters": iters}, f)
 
 
 def record_verdict(path: str, found: list[str]) -> None:

@@ -1,13 +1,36 @@
 """What `llmtrain doctor` makes of the ranks' report: the problems it finds, and the tables and lines it prints
-(versions per rank, interface and address per node, all-reduce bus bandwidth intra-node / inter-node / all)."""
+(versions per rank, interface and address per node, all-reduce and all-to-all bandwidth intra-node / inter-node /
+all)."""
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 from omegaconf import DictConfig
 from rich.console import Console
 
 from llmtrain.config.derived import world_size
 from llmtrain.console import fold_table, plain
+
+
+class Collective(NamedTuple):
+    """Where a collective's sweep lies in the report, and how it is headed."""
+
+    sizes: str
+    sweeps: str
+    heading: str
+    table_title: str
+    show_algbw: bool
+
+
+COLLECTIVES = {
+    "all_reduce": Collective("sizes", "sweeps", "all_reduce bus bandwidth, best over the sweep (sum, fp32; busbw = "
+                             "algbw x 2(n-1)/n):", "all_reduce bus bandwidth (GB/s) per message size", False),
+    # algbw too: the rate at which a rank's tokens reach their experts, what expert parallel waits on.
+    "all_to_all": Collective("all_to_all_sizes", "all_to_all_sweeps", "all_to_all bandwidth, best over the sweep "
+                             "(equal splits, fp32; busbw = algbw x (n-1)/n):",
+                             "all_to_all bandwidth (GB/s) per message size, busbw / algbw", True),
+}
 
 
 def per_node(report: dict) -> list[dict]:
@@ -75,11 +98,14 @@ def render(report: dict, console: Console) -> None:
     for r in per_node(report):
         env = " ".join(f"{k}={v}" for k, v in r["env"].items()) or "(none set)"
         plain(f"network environment on {r['host']}: {env}", console=console)
-    if measured(report):  # a single rank has no all-reduce to time
-        console.print(bandwidth_table(report))
-    plain("all_reduce bus bandwidth, best over the sweep (sum, fp32; busbw = algbw x 2(n-1)/n):", console=console)
-    for line in bandwidth_lines(report):
-        plain(f"  {line}", console=console)
+    for name, collective in COLLECTIVES.items():
+        if collective.sweeps not in report:  # a report written before this collective was measured
+            continue
+        if measured(report, name):  # a single rank has nothing to time
+            console.print(bandwidth_table(report, name))
+        plain(collective.heading, console=console)
+        for line in bandwidth_lines(report, name):
+            plain(f"  {line}", console=console)
 
 
 def network_table(report: dict):
@@ -93,8 +119,8 @@ def network_table(report: dict):
     return table
 
 
-def measured(report: dict) -> list[dict]:
-    return [s for s in report["sweeps"] if s.get("results")]
+def measured(report: dict, collective: str = "all_reduce") -> list[dict]:
+    return [s for s in report.get(COLLECTIVES[collective].sweeps, []) if s.get("results")]
 
 
 def slowest(sweep: dict, index: int) -> dict:
@@ -102,14 +128,16 @@ def slowest(sweep: dict, index: int) -> dict:
     return min((res["rows"][index] for res in sweep["results"]), key=lambda row: row["busbw_gbs"])
 
 
-def bandwidth_table(report: dict):
-    sweeps = measured(report)
-    table = fold_table("all_reduce bus bandwidth (GB/s) per message size; intra-node: the slowest node")
+def bandwidth_table(report: dict, collective: str = "all_reduce"):
+    spec = COLLECTIVES[collective]
+    sweeps = measured(report, collective)
+    table = fold_table(f"{spec.table_title}; intra-node: the slowest node")
     table.add_column("bytes", justify="right")
     for sweep in sweeps:
         table.add_column(sweep["scope"], justify="right")
-    for index, size in enumerate(report["sizes"]):
-        cells = [f"{slowest(s, index)['busbw_gbs']:.3f}" for s in sweeps]
+    for index, size in enumerate(report[spec.sizes]):
+        rows = [slowest(s, index) for s in sweeps]
+        cells = [f"{r['busbw_gbs']:.3f}" + (f" / {r['algbw_gbs']:.3f}" if spec.show_algbw else "") for r in rows]
         table.add_row(f"{size:,}", *cells)
     return table
 
@@ -123,11 +151,13 @@ def describe(sweep: dict) -> str:
     return f"{len(groups[0])} ranks"
 
 
-def bandwidth_lines(report: dict) -> list[str]:
-    """One line per scope: its best bus bandwidth and the message size it came at, or why it was not measured."""
+def bandwidth_lines(report: dict, collective: str = "all_reduce") -> list[str]:
+    """One line per scope: its best bus bandwidth and the message size it came at (all-to-all: and its algorithm
+    bandwidth), or why it was not measured."""
+    spec = COLLECTIVES[collective]
     hosts = {r["node"]: r["host"] for r in per_node(report)}
     lines = []
-    for sweep in report["sweeps"]:
+    for sweep in report[spec.sweeps]:
         scope = sweep["scope"]
         if "skipped" in sweep:
             lines.append(f"{scope}: not measured ({sweep['skipped']})")
@@ -136,9 +166,12 @@ def bandwidth_lines(report: dict) -> list[str]:
             lines.append(f"{scope}: the same ranks as {sweep['same_as']}")
             continue
         # Each group's best size; of the groups (nodes), the one whose best is lowest.
-        bests = [(max(res["rows"], key=lambda row: row["busbw_gbs"]), res["node"]) for res in sweep["results"]]
-        row, node = min(bests, key=lambda b: b[0]["busbw_gbs"])
+        bests = [(max(enumerate(res["rows"]), key=lambda i_row: i_row[1]["busbw_gbs"]), res["node"])
+                 for res in sweep["results"]]
+        (index, row), node = min(bests, key=lambda b: b[0][1]["busbw_gbs"])
         where = f"; slowest node {hosts.get(node, node)}" if len(bests) > 1 else ""
-        lines.append(f"{scope}: {row['busbw_gbs']:.3f} GB/s at {human_bytes(row['bytes'])} "
+        algbw = f", algbw {row['algbw_gbs']:.3f} GB/s" if spec.show_algbw else ""
+        # The size asked for: an all-to-all over n ranks sends a multiple of n elements, a little less.
+        lines.append(f"{scope}: {row['busbw_gbs']:.3f} GB/s at {human_bytes(report[spec.sizes][index])}{algbw} "
                      f"({describe(sweep)}{where})")
     return lines

@@ -1,6 +1,7 @@
 """What `llmtrain doctor` runs on every rank (through the same backend as training): collect this rank's
-versions, devices, network environment and the interface its collectives use, then time all-reduces within each
-node, across nodes and over all ranks (all_reduce_sweeps). Rank 0 writes DOCTOR_DIR/report.json."""
+versions, devices, network environment and the interface its collectives use, then time all-reduces and
+all-to-alls within each node, across nodes and over all ranks (all_reduce_sweeps). Rank 0 writes
+DOCTOR_DIR/report.json."""
 
 from __future__ import annotations
 
@@ -73,10 +74,10 @@ def main(argv: list[str] | None = None) -> int:
     gathered: list = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, facts(device))
     placement = [(r["node"], r["local_rank"]) for r in gathered]
-    sweeps = run_sweeps(device, placement, args["sizes"], args["iters"])
+    sweeps = run_sweeps(device, placement, args["sizes"], args["all_to_all_sizes"], args["iters"])
     if rank == 0:
         write_report(out_dir, {"ranks": gathered, "world_size": dist.get_world_size(), "sizes": args["sizes"],
-                               "iters": args["iters"], "sweeps": sweeps})
+                               "all_to_all_sizes": args["all_to_all_sizes"], "iters": args["iters"], **sweeps})
     print(f"llmtrain doctor: rank {rank} done", flush=True)
     dist.destroy_process_group()
     return 0

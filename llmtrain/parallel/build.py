@@ -1,5 +1,5 @@
 """Build this rank's share of the model: meta-device GPT or Llama -> pipeline split -> float8 layers (precision=fp8) ->
-tensor parallel -> recompute -> compile -> FSDP2 -> materialize on the device -> layout-independent init
+tensor parallel -> expert parallel -> recompute -> compile -> FSDP2 -> materialize on the device -> layout-independent init
 (torchtitan's order: float8 before TP, TP before FSDP, init after sharding)."""
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from llmtrain.config.derived import Derived, torch_dtype
 from llmtrain.model import build_model, init_parameters
 from llmtrain.model.registry import family_of
 from llmtrain.parallel.data_parallel import apply_data_parallel
+from llmtrain.parallel.expert_parallel import apply_expert_parallel, scale_expert_gradients
 from llmtrain.parallel.float8 import Float8Training
 from llmtrain.parallel.layout import ParallelDims
 from llmtrain.parallel.recompute import apply_recompute
@@ -85,6 +86,11 @@ class ParallelModel:
             if hasattr(part, "set_requires_gradient_sync"):
                 part.set_requires_gradient_sync(enabled)
 
+    def finish_gradients(self) -> None:
+        """After a step's last backward, before clipping: the tied copies' sum, the experts' mean over dp."""
+        self.sync_tied_weights()
+        scale_expert_gradients(self.parts, self.dims.ep)
+
     @torch.no_grad()
     def sync_tied_weights(self) -> None:
         """Sum the gradients of the embedding and its head copy on the first and last pipeline stages, so both
@@ -140,6 +146,8 @@ def build_parallel_model(cfg: DictConfig, dims: ParallelDims, mesh: Meshes, devi
             float8.convert(part)  # first: TP, recompute, compile and FSDP2 each take the float8 layers as they are
         if dims.tp > 1:
             apply_tensor_parallel(part, family_of(cfg.model), mesh.tp, pp.sequence_parallel, float8_styles)
+        if dims.ep > 1:
+            apply_expert_parallel(part, mesh.ep)
         apply_recompute(part, cfg.recompute.mode, cfg.recompute.every)
         if cfg.train.compile:
             for block in part.layers.values():
@@ -148,7 +156,7 @@ def build_parallel_model(cfg: DictConfig, dims: ParallelDims, mesh: Meshes, devi
             from llmtrain.model.apex_norm import fused_layernorm
 
             fused_layernorm(part)
-        apply_data_parallel(part, mesh.dp_2d, dims, param_dtype, reduce_dtype)
+        apply_data_parallel(part, mesh.dp_2d, dims, param_dtype, reduce_dtype, mesh.expert_dp)
         part.to_empty(device=device)
         part.tie_weights()
         init_parameters(part, cfg.train.seed, cfg.model.init_std, cfg.model.n_layers, pretrained)

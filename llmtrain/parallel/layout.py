@@ -16,6 +16,8 @@ class ParallelDims:
     # dp = dp_replicate x dp_shard: parameters/grads/optimizer are sharded inside a dp_shard group.
     dp_shard: int
     zero: int
+    # Expert parallel, carved from dp: each group of `ep` consecutive dp ranks splits a sparse block's experts.
+    ep: int = 1
 
     @property
     def dp_replicate(self) -> int:
@@ -32,7 +34,18 @@ class ParallelDims:
             dp_shard = 1  # replicate: every dp rank keeps everything, gradients are all-reduced
         else:
             dp_shard = p.dp_shard or p.dp
-        return cls(dp=p.dp, tp=p.tp, pp=p.pp, dp_shard=dp_shard, zero=p.zero)
+        return cls(dp=p.dp, tp=p.tp, pp=p.pp, dp_shard=dp_shard, zero=p.zero, ep=p.get("ep", 1))
+
+    @property
+    def expert_dp(self) -> int:
+        """The ranks that hold the same experts (dp / ep): they replicate or ZeRO-shard them as dp does the
+        rest."""
+        return self.dp // self.ep
+
+    @property
+    def expert_dp_shard(self) -> int:
+        """The ZeRO shard group of the experts: dp_shard / ep (zero > 0), else 1."""
+        return self.dp_shard // self.ep if self.zero else 1
 
     def coords(self, rank: int) -> dict[str, int]:
         """Rank order is (dp_replicate, dp_shard, pp, tp) with tp fastest, so a TP group sits on one node's

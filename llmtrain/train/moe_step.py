@@ -6,7 +6,8 @@ After it: one all-reduce of a flat table (a row per sparse layer: tokens per exp
 calls) over the data-parallel and pipeline ranks (each pipeline stage fills the rows of its own layers; tensor-
 parallel ranks compute the same numbers and are not summed), then the router bias balancing from the summed token
 counts, and on logged steps the metrics row's MoE fields. Without bias balancing the reduction runs on logged steps
-only.
+only. Under expert parallel (ep > 1) the row also says how the routed pairs fell on the ep ranks, from the same
+table: no more communication.
 """
 
 from __future__ import annotations
@@ -16,16 +17,30 @@ import torch.distributed as dist
 from torch import nn
 
 
-def layer_metrics(layers: list[int], table: list[list[float]], n_experts: int) -> dict:
-    """The metrics row's MoE fields from the reduced table (rows in the order of `layers`)."""
+def layer_metrics(layers: list[int], table: list[list[float]], n_experts: int, ep: int = 1) -> dict:
+    """The metrics row's MoE fields from the reduced table (rows in the order of `layers`); with ep > 1 also the
+    expert-parallel ranks' load (ep_metrics)."""
     tokens = [[int(round(v)) for v in row[:n_experts]] for row in table]
     calls = [max(row[n_experts + 2], 1.0) for row in table]
     aux = [row[n_experts] / c for row, c in zip(table, calls)]
     z = [row[n_experts + 1] / c for row, c in zip(table, calls)]
     # Busiest expert over the mean, as max x E / total: exactly E when one expert takes every token.
     load = [max(t) * n_experts / sum(t) if sum(t) else 0.0 for t in tokens]
-    return {"aux_loss": sum(aux) / len(aux), "router_z_loss": sum(z) / len(z), "moe_layers": list(layers),
-            "expert_load": load, "experts_idle": [t.count(0) for t in tokens], "expert_tokens": tokens}
+    out = {"aux_loss": sum(aux) / len(aux), "router_z_loss": sum(z) / len(z), "moe_layers": list(layers),
+           "expert_load": load, "experts_idle": [t.count(0) for t in tokens], "expert_tokens": tokens}
+    if ep > 1:
+        out.update(ep_metrics(tokens, ep))
+    return out
+
+
+def ep_metrics(tokens: list[list[int]], ep: int) -> dict:
+    """Per sparse layer, the token-expert pairs each expert-parallel rank received over the step, summed over the
+    ep groups (rank j holds experts [j E/ep, (j+1) E/ep), so it is those experts' tokens), and the busiest rank's
+    over the mean: 1.0 is balanced, ep when one rank gets every pair."""
+    per = len(tokens[0]) // ep
+    ranks = [[sum(t[j * per:(j + 1) * per]) for j in range(ep)] for t in tokens]
+    load = [max(r) * ep / sum(r) if sum(r) else 0.0 for r in ranks]
+    return {"ep_tokens": ranks, "ep_load": load}
 
 
 def _reduce_group(mesh, dims) -> dist.ProcessGroup | None:
@@ -41,11 +56,12 @@ def _reduce_group(mesh, dims) -> dist.ProcessGroup | None:
 
 class MoEStep:
     def __init__(self, parts: list[nn.Module], layers: list[int], n_experts: int, bias_update_rate: float,
-                 group: dist.ProcessGroup | None, device: torch.device):
+                 group: dist.ProcessGroup | None, device: torch.device, ep: int = 1):
         from llmtrain.model.moe import moe_modules
 
         self.layers = layers  # global indices of the sparse layers, the same on every rank
         self.n_experts = n_experts
+        self.ep = ep  # expert-parallel ranks splitting each sparse layer's experts (1: none)
         self.bias_update_rate = bias_update_rate
         self.group = group
         self.device = device
@@ -65,7 +81,8 @@ class MoEStep:
         layers = [i for i in range(cfg.model.n_layers) if args.is_sparse(i)]
         if not layers:
             return None
-        return cls(parts, layers, args.n_experts, args.bias_update_rate, _reduce_group(mesh, dims), device)
+        return cls(parts, layers, args.n_experts, args.bias_update_rate, _reduce_group(mesh, dims), device,
+                   ep=dims.ep)
 
     def start(self, loss_factor: float) -> None:
         """Before a step's first forward: `loss_factor` is what the LM loss is multiplied by before backward."""
@@ -84,7 +101,7 @@ class MoEStep:
         if balance:
             for row, m in self.local:
                 m.update_bias(table[row, :self.n_experts])
-        return layer_metrics(self.layers, table.cpu().tolist(), self.n_experts) if logged else None
+        return layer_metrics(self.layers, table.cpu().tolist(), self.n_experts, self.ep) if logged else None
 
     def _reduced_table(self) -> torch.Tensor:
         e = self.n_experts

@@ -16,10 +16,17 @@ from llmtrain.train.optim import lr_at
 
 
 def moe_words(row: dict) -> str:
-    """A MoE model's part of the console line: the load-balancing loss and the worst layer's expert load."""
+    """A MoE model's part of the console line: the load-balancing loss and the worst layer's expert load; under
+    expert parallel also the worst layer's ep load and its busiest ep rank (the lowest of equals)."""
     if "aux_loss" not in row:
         return ""
-    return f" | aux_loss {row['aux_loss']:.4f} | expert_load {max(row['expert_load']):.2f}"
+    words = f" | aux_loss {row['aux_loss']:.4f} | expert_load {max(row['expert_load']):.2f}"
+    if "ep_load" in row:
+        loads = row["ep_load"]
+        worst = max(range(len(loads)), key=loads.__getitem__)
+        ranks = row["ep_tokens"][worst]
+        words += f" | ep_load {loads[worst]:.2f} (rank {max(range(len(ranks)), key=ranks.__getitem__)} busiest)"
+    return words
 
 
 class StepLog:

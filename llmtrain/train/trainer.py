@@ -232,7 +232,7 @@ class Trainer:
             self.fault(self.step + 1, self.params)
         if (SLEEP_IN_STEP, self.step + 1) in self.hangs:
             hang_here()
-        self.model.sync_tied_weights()
+        self.model.finish_gradients()
         overflow_here = self.scaler.unscale_and_check(self.params, self.device)
         grad_norm = clip_grad_norm_(self.params, self.cfg.train.grad_clip, self.pp_group,
                                     norm_params=self.model.norm_parameters())

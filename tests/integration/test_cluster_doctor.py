@@ -40,6 +40,22 @@ def test_doctor_over_ssh_reports_interfaces_and_three_bandwidths(cluster, tmp_pa
     assert report["ok"] is True and [r["host"] for r in report["ranks"]] == ["node1", "node1", "node2", "node2"]
     assert [len(s["results"]) for s in report["sweeps"]] == [2, 1, 1]
     assert all(row["busbw_gbs"] > 0 for s in report["sweeps"] for res in s["results"] for row in res["rows"])
+    # The all-to-all beside it, on the same groups, at 4 KiB, 64 KiB and 1 MiB; busbw = algbw x (n-1)/n.
+    best = r"\d+\.\d{3} GB/s at (?:4 KiB|64 KiB|1 MiB), algbw \d+\.\d{3} GB/s"
+    a2a_lines = re.search(rf"^all_to_all bandwidth, .*\n  intra-node: {best} \(2 ranks on each of 2 nodes; slowest "
+                          rf"node node[12]\)\n  inter-node: {best} \(1 rank on each of 2 nodes\)\n  all: {best} "
+                          r"\(4 ranks\)$", out, re.M)
+    assert a2a_lines, out[-2000:]
+    assert report["all_to_all_sizes"] == [4096, 65536, 2**20]
+    a2a = report["all_to_all_sweeps"]
+    assert [s["scope"] for s in a2a] == ["intra-node", "inter-node", "all"]
+    assert [len(s["results"]) for s in a2a] == [2, 1, 1]
+    for s in a2a:
+        for res in s["results"]:
+            n = len(res["ranks"])
+            assert [row["bytes"] for row in res["rows"]] == [4096, 65536, 2**20]
+            assert all(row["algbw_gbs"] > 0 and row["busbw_gbs"] == pytest.approx(row["algbw_gbs"] * (n - 1) / n)
+                       for row in res["rows"])
 
 
 def test_doctor_names_a_node_whose_link_is_down_in_seconds(cluster, tmp_path):
@@ -93,5 +109,11 @@ def test_doctor_under_slurm_names_a_drained_node_then_runs_on_both(cluster, tmp_
     assert "  intra-node: not measured (one process per node)\n" in out
     assert re.search(r"^  inter-node: \d+\.\d{3} GB/s at \d+ KiB \(1 rank on each of 2 nodes\)\n  all: the same "
                      r"ranks as inter-node$", out, re.M), out
+    assert re.search(r"^all_to_all bandwidth, .*\n  intra-node: not measured \(one process per node\)\n  inter-node: "
+                     r"\d+\.\d{3} GB/s at (4|64) KiB, algbw \d+\.\d{3} GB/s \(1 rank on each of 2 nodes\)\n  all: "
+                     r"the same ranks as inter-node$", out, re.M), out
     [folder] = list((tmp_path / "doctor").iterdir())
-    assert json.loads((folder / "report.json").read_text())["ok"] is True
+    report = json.loads((folder / "report.json").read_text())
+    assert report["ok"] is True
+    [a2a] = [res["rows"] for s in report["all_to_all_sweeps"] for res in s.get("results", [])]
+    assert [row["bytes"] for row in a2a] == [4096, 65536] and all(row["busbw_gbs"] > 0 for row in a2a)

@@ -1,7 +1,7 @@
 """`llmtrain doctor`: reachability of every host before any job starts (ssh), Slurm node states from sinfo, the
-interface and address per node, all-reduce bandwidth intra-node / inter-node / all, and a results folder of its
-own. The tests use fake ssh/sinfo/sbatch programs on PATH; test_cluster_doctor.py runs it on the two-node test
-cluster."""
+interface and address per node, all-reduce and all-to-all bandwidth intra-node / inter-node / all, and a results
+folder of its own. The tests use fake ssh/sinfo/sbatch programs on PATH; test_cluster_doctor.py runs it on the
+two-node test cluster."""
 
 from __future__ import annotations
 
@@ -18,9 +18,11 @@ from conftest import run_cli
 from omegaconf import OmegaConf
 
 from llmtrain.doctor.command import results_dir
-from llmtrain.doctor.all_reduce_sweeps import plan_sweeps
+from llmtrain.doctor.all_reduce_sweeps import bus_bandwidth, plan_sweeps
+from llmtrain.doctor.all_to_all_sweeps import all_to_all_bus_factor, all_to_all_sizes
 from llmtrain.doctor.node_availability import unreachable_advice
-from llmtrain.doctor.findings import bandwidth_lines, problems
+from llmtrain.doctor.findings import bandwidth_lines, bandwidth_table, problems
+from llmtrain.console import get_console
 from llmtrain.launch.backends import reachability
 from llmtrain.launch.node.collective_interface import named_interface
 from llmtrain.launch.backends.slurm_nodes import NodeState, parse_sinfo, parse_state
@@ -256,6 +258,16 @@ def test_sweep_scopes_by_layout():
         {"scope": "intra-node", "groups": [[1, 3], [0, 2]]}, {"scope": "inter-node", "groups": [[1, 2]]}]
 
 
+def test_all_to_all_sizes_and_bus_bandwidth():
+    # Every other all-reduce size from the largest down: the largest is always measured.
+    assert all_to_all_sizes([1024, 4096, 16384, 65536]) == [4096, 65536]
+    assert all_to_all_sizes([4**k for k in range(5, 15)]) == [4096, 65536, 2**20, 2**24, 2**28]
+    assert all_to_all_sizes([1024]) == [1024]
+    # nccl-tests: all-to-all busbw = algbw x (n-1)/n; all-reduce busbw = algbw x 2(n-1)/n.
+    assert [all_to_all_bus_factor(n) for n in (1, 2, 4, 8)] == [0.0, 0.5, 0.75, 0.875]
+    assert [bus_bandwidth(1.0, n) for n in (1, 2, 4, 8)] == [0.0, 1.0, 1.5, 1.75]
+
+
 def rows(*busbw: float) -> list[dict]:
     return [{"bytes": 1024 * 4**i, "time_us": 1.0, "algbw_gbs": b, "busbw_gbs": b} for i, b in enumerate(busbw)]
 
@@ -284,6 +296,30 @@ def test_bandwidth_lines_name_each_scope_and_the_slowest_node():
     report["ranks"][2]["interfaces"][0].update(interface="lo", address="127.0.1.1")
     assert problems(report, cfg) == ["node 1 (n2), gloo: route to n1 is lo (127.0.1.1), a loopback address the other "
                                      "nodes cannot reach; set +env.GLOO_SOCKET_IFNAME=NAME"]
+
+
+def test_all_to_all_lines_and_table_show_busbw_and_algbw():
+    # One rank on each of 3 nodes: equal splits of 3 send a little under the size asked for (85 x 3 fp32 = 1020
+    # bytes of 1 KiB); the lines and the table name the size asked for. algbw = busbw x n/(n-1) = busbw x 1.5.
+    report = {"ranks": [rank(n, f"n{n + 1}", f"10.0.0.{n + 1}") for n in range(3)],
+              "sizes": [1024, 4096, 16384], "all_to_all_sizes": [1024, 16384],
+              "all_to_all_sweeps": [
+                  {"scope": "intra-node", "skipped": "one process per node"},
+                  {"scope": "inter-node", "results": [{"ranks": [0, 1, 2], "node": 0, "rows": [
+                      {"bytes": 1020, "time_us": 2.0, "algbw_gbs": 0.51, "busbw_gbs": 0.34},
+                      {"bytes": 16380, "time_us": 8.0, "algbw_gbs": 2.046, "busbw_gbs": 1.364}]}]},
+                  {"scope": "all", "same_as": "inter-node"}]}
+    assert bandwidth_lines(report, "all_to_all") == [
+        "intra-node: not measured (one process per node)",
+        "inter-node: 1.364 GB/s at 16 KiB, algbw 2.046 GB/s (1 rank on each of 3 nodes)",
+        "all: the same ranks as inter-node"]
+    table = bandwidth_table(report, "all_to_all")
+    assert table.title == "all_to_all bandwidth (GB/s) per message size, busbw / algbw; intra-node: the slowest node"
+    console = get_console(record=True, width=200)
+    console.print(table)
+    text = console.export_text()
+    assert re.search(r"^│ +1,024 │ +0\.340 / 0\.510 │$", text, re.M), text
+    assert re.search(r"^│ +16,384 │ +1\.364 / 2\.046 │$", text, re.M), text
 
 
 # ---------------------------------------------------------------------------------------------- results folder
@@ -315,3 +351,15 @@ def test_local_doctor_writes_its_own_folder_and_leaves_run_dirs_alone(tmp_path):
     assert {p.name for p in (folder / "logs").iterdir()} >= {"node0.env", "node0.log", "rank0.log", "rank1.log"}
     assert re.search(r"^  intra-node: \d+\.\d{3} GB/s at \d+ KiB \(2 ranks on one node\)$", result.stdout, re.M)
     assert "  inter-node: not measured (one node)\n  all: the same ranks as intra-node\n" in result.stdout
+    # The all-to-all beside it, at every other size from the largest down: 4 KiB and 64 KiB of 1, 4, 16, 64 KiB.
+    a2a = re.search(r"^all_to_all bandwidth, best over the sweep \(equal splits, fp32; busbw = algbw x \(n-1\)/n\):\n"
+                    r"  intra-node: (\d+\.\d{3}) GB/s at (4|64) KiB, algbw (\d+\.\d{3}) GB/s \(2 ranks on one node\)\n"
+                    r"  inter-node: not measured \(one node\)\n  all: the same ranks as intra-node\n",
+                    result.stdout, re.M)
+    assert a2a and float(a2a[1]) > 0, result.stdout[-3000:]
+    assert report["all_to_all_sizes"] == [4096, 65536] and report["sizes"] == [1024, 4096, 16384, 65536]
+    [a2a_rows] = [res["rows"] for s in report["all_to_all_sweeps"] for res in s.get("results", [])]
+    assert [row["bytes"] for row in a2a_rows] == [4096, 65536]
+    for row in a2a_rows:  # 2 ranks: half of each rank's data leaves it
+        assert row["time_us"] > 0 and row["algbw_gbs"] > 0 and row["busbw_gbs"] == pytest.approx(row["algbw_gbs"] / 2)
+    assert float(a2a[3]) == pytest.approx(2 * float(a2a[1]), abs=0.002)

@@ -5,9 +5,10 @@ balancing included.
 Each layout runs 10 steps and must match one process's loss, gradient norm, val_loss, aux_loss and router_z_loss to
 1e-5, and route the same tokens to the same experts (expert_tokens summed over data-parallel ranks, gathered per
 global layer over pipeline stages; the router bias, moved after every step from those sums, steers the choice).
-Recompute rides along on two layouts; a checkpoint saved under dp2 resumes under tp2; torch.compile's first
-steps equal eager's. A router forced onto one expert shows the collapse in metrics.jsonl and on the
-console.
+Expert parallel (ep2, ep4, with ZeRO-2/3, pipeline, tensor parallel) exchanges the pairs by all-to-all and must
+match too. Recompute rides along on three layouts; a checkpoint saved under dp2 resumes under tp2, one saved
+under ep2 resumes under ep4 and in one process; torch.compile's first steps equal eager's. A router forced onto
+one expert shows the collapse in metrics.jsonl and on the console.
 """
 
 from __future__ import annotations
@@ -74,34 +75,60 @@ LAYOUTS = {
     "pp2_v2_looped_bfs": (2, ["parallel.pp=2", "parallel.pp_schedule=looped_bfs", "parallel.virtual_stages=2"]),
     "pp2_v2_zero_bubble": (2, ["parallel.pp=2", "parallel.pp_schedule=zero_bubble", "parallel.virtual_stages=2"]),
     "pp2_v2_dualpipe_v": (2, ["parallel.pp=2", "parallel.pp_schedule=dualpipe_v", "parallel.virtual_stages=2"]),
+    # Expert parallel: the experts split over ep data-parallel ranks, the pairs exchanged by all-to-all.
+    "ep2": (2, ["parallel.ep=2"]),
+    "ep4_zero2": (4, ["parallel.ep=4", "parallel.zero=2"]),
+    "ep2_dp2_zero3": (4, ["parallel.ep=2", "parallel.zero=3", "checkpoint.interval=5"]),
+    "ep2_pp2_full_recompute": (4, ["parallel.ep=2", "parallel.pp=2", "recompute=full"]),
+    "ep2_tp2_sp": (4, ["parallel.ep=2", "parallel.tp=2", "parallel.sequence_parallel=true"]),
 }
+SAVED = {"dp2_zero3", "ep2_dp2_zero3"}  # runs whose step-5 checkpoints later tests resume
 
 
 @pytest.fixture(scope="module")
-def dp2_run(reference, tmp_path_factory):
-    """dp2 (ZeRO-3) with a checkpoint at step 5, shared by its parity check and the resume under tp2."""
-    run_dir = tmp_path_factory.mktemp("moe-dp2") / "run"
-    nproc, overrides = LAYOUTS["dp2_zero3"]
-    return run_dir, train(run_dir, *MOE, f"cluster.nproc_per_node={nproc}", *overrides)
+def saved_runs(tmp_path_factory):
+    """The layouts that save a checkpoint at step 5, run once each on first use: {name: (run dir, rows)}."""
+    runs = {}
+
+    def get(name):
+        if name not in runs:
+            run_dir = tmp_path_factory.mktemp(f"moe-{name}") / "run"
+            nproc, overrides = LAYOUTS[name]
+            runs[name] = run_dir, train(run_dir, *MOE, f"cluster.nproc_per_node={nproc}", *overrides)
+        return runs[name]
+    return get
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
-def test_layout_matches_one_process(name, reference, dp2_run, tmp_path):
-    if name == "dp2_zero3":
-        rows = dp2_run[1]
+def test_layout_matches_one_process(name, reference, saved_runs, tmp_path):
+    if name in SAVED:
+        rows = saved_runs(name)[1]
     else:
         nproc, overrides = LAYOUTS[name]
         rows = train(tmp_path / name, *MOE, f"cluster.nproc_per_node={nproc}", *overrides)
     assert_moe_parity(rows, reference, name)
+    ep = next((int(o.split("=")[1]) for o in LAYOUTS[name][1] if o.startswith("parallel.ep=")), 1)
+    for row in by_step(rows).values():
+        # Each ep rank's received pairs are its experts' tokens; none of it logged without expert parallel.
+        local = N_EXPERTS // ep
+        expected = [[sum(t[j * local:(j + 1) * local]) for j in range(ep)] for t in row["expert_tokens"]]
+        assert row.get("ep_tokens") == (expected if ep > 1 else None), name
 
 
-def test_dp2_checkpoint_resumes_under_tp2(reference, dp2_run, tmp_path):
-    """The dp2 run's step-5 checkpoint, resumed by tp2 + sequence parallel in another run directory: steps 6..10
-    continue the one-process losses and routing."""
-    saved = dp2_run[0] / "checkpoints" / "step-0000005"
-    rows = train(tmp_path / "resumed", *MOE, "cluster.nproc_per_node=2", "parallel.tp=2",
-                 "parallel.sequence_parallel=true", f"checkpoint.resume={saved}")
-    assert_moe_parity(rows, reference, "moe dp2 -> tp2 from step 5", steps=range(6, 11))
+@pytest.mark.parametrize("saved_as, nproc, overrides", [
+    ("dp2_zero3", 2, ["parallel.tp=2", "parallel.sequence_parallel=true"]),
+    # Expert parallel's checkpoint holds every expert whole: any other ep (or none) reads it.
+    ("ep2_dp2_zero3", 4, ["parallel.ep=4"]),
+    ("ep2_dp2_zero3", 1, []),
+])
+def test_checkpoint_resumes_under_another_layout(saved_as, nproc, overrides, reference, saved_runs, tmp_path):
+    """A step-5 checkpoint resumed under another layout in another run directory: steps 6..10 continue the
+    one-process losses and routing."""
+    saved = saved_runs(saved_as)[0] / "checkpoints" / "step-0000005"
+    rows = train(tmp_path / "resumed", *MOE, f"cluster.nproc_per_node={nproc}", *overrides,
+                 f"checkpoint.resume={saved}")
+    assert_moe_parity(rows, reference, f"moe {saved_as} -> {nproc} ranks {overrides} from step 5",
+                      steps=range(6, 11))
 
 
 def test_compiled_steps_match_eager(reference, tmp_path):

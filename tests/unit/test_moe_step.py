@@ -1,5 +1,5 @@
 """A MoE model's bookkeeping around a step (llmtrain/train/moe_step.py): the metrics row's expert fields from the
-reduced statistics, the router bias balancing, the aux-loss factor the blocks are given, the console line, the
+reduced statistics (and under expert parallel each ep rank's share), the router bias balancing, the aux-loss factor the blocks are given, the console line, the
 trackers' scalars, and fp8 leaving routers out."""
 
 from __future__ import annotations
@@ -41,12 +41,51 @@ def test_console_words_show_aux_loss_and_the_worst_layer():
     assert moe_words({"loss": 1.0}) == ""
 
 
+# Two sparse layers of 8 experts: an uneven layer, and a layer whose tokens all went to experts 6 and 7.
+EP_TABLE = [[6.0, 3.0, 0.0, 0.0, 2.0, 6.0, 4.0, 3.0, 0.0, 0.0, 1.0],
+            [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 10.0, 6.0, 0.0, 0.0, 1.0]]
+
+
+def test_ep2_rows_add_each_ep_ranks_pairs_and_the_busiest_over_the_mean():
+    got = layer_metrics([1, 3], EP_TABLE, 8, ep=2)
+    # Rank 0 holds experts 0-3, rank 1 experts 4-7; the second layer's rank 0 gets nothing: a load of ep.
+    assert got["ep_tokens"] == [[9, 15], [0, 16]]
+    assert got["ep_load"] == [15 * 2 / 24, 2.0]
+    assert {k: v for k, v in got.items() if not k.startswith("ep_")} == layer_metrics([1, 3], EP_TABLE, 8)
+
+
+def test_ep4_rows_split_the_experts_in_four():
+    got = layer_metrics([1, 3], EP_TABLE, 8, ep=4)
+    assert got["ep_tokens"] == [[9, 0, 8, 7], [0, 0, 0, 16]]
+    assert got["ep_load"] == [9 * 4 / 24, 4.0]
+
+
+def test_ep1_rows_have_no_ep_keys():
+    assert set(layer_metrics([1, 3], EP_TABLE, 8)) == set(layer_metrics([1, 3], EP_TABLE, 8, ep=1)) == {
+        "aux_loss", "router_z_loss", "moe_layers", "expert_load", "experts_idle", "expert_tokens"}
+
+
+def test_an_ep_layer_without_tokens_reads_zero_not_nan():
+    got = layer_metrics([0], [[0.0] * 11], 8, ep=2)
+    assert got["ep_tokens"] == [[0, 0]] and got["ep_load"] == [0.0]
+
+
+def test_console_words_add_the_worst_layers_ep_load_and_its_busiest_rank():
+    row = {"aux_loss": 2.01234, "expert_load": [1.5, 3.456], "ep_load": [1.3125, 1.25],
+           "ep_tokens": [[20, 34, 42, 32], [24, 40, 24, 40]]}
+    assert moe_words(row) == " | aux_loss 2.0123 | expert_load 3.46 | ep_load 1.31 (rank 2 busiest)"
+    row.update(ep_load=[1.0, 2.0], ep_tokens=[[8, 8], [8, 8]])
+    assert moe_words(row).endswith(" | ep_load 2.00 (rank 0 busiest)")  # equals: the lowest rank
+
+
 def test_trackers_get_a_scalar_per_sparse_layer():
     row = {"step": 3, "loss": 2.0, "aux_loss": 2.1, "router_z_loss": 0.5, "moe_layers": [1, 3],
-           "expert_load": [1.5, 2.0], "experts_idle": [0, 1], "expert_tokens": [[1, 2], [3, 0]]}
+           "expert_load": [1.5, 2.0], "experts_idle": [0, 1], "expert_tokens": [[1, 2], [3, 0]],
+           "ep_load": [1.25, 2.0], "ep_tokens": [[1, 2], [3, 0]]}
     assert scalars(row) == {"train/loss": 2.0, "train/aux_loss": 2.1, "train/router_z_loss": 0.5,
                             "expert_load/layer_1": 1.5, "expert_load/layer_3": 2.0,
-                            "experts_idle/layer_1": 0, "experts_idle/layer_3": 1}
+                            "experts_idle/layer_1": 0, "experts_idle/layer_3": 1,
+                            "ep_load/layer_1": 1.25, "ep_load/layer_3": 2.0}
 
 
 # ---- with MoE blocks ----------------------------------------------------------------------------------------------
@@ -65,8 +104,8 @@ def _part(rate: float = 0.0) -> torch.nn.Module:
     return part
 
 
-def _routed(part) -> MoEStep:
-    step = MoEStep([part], [1, 3], E, part.layers["1"].mlp.args.bias_update_rate, None, torch.device("cpu"))
+def _routed(part, ep: int = 1) -> MoEStep:
+    step = MoEStep([part], [1, 3], E, part.layers["1"].mlp.args.bias_update_rate, None, torch.device("cpu"), ep=ep)
     step.start(0.25)
     for block in part.layers.values():
         block.mlp.router_bias[2] = 100.0  # every token to expert 2
@@ -88,6 +127,20 @@ def test_a_logged_step_reports_every_sparse_layer():
     got = _routed(_part()).finish(logged=True, skipped=False)
     assert got["moe_layers"] == [1, 3] and got["expert_tokens"] == [[0, 0, 10, 0]] * 2
     assert got["expert_load"] == [4.0, 4.0] and got["experts_idle"] == [3, 3]
+
+
+def test_an_ep_step_reports_the_ep_ranks_and_an_ep1_step_does_not():
+    got = _routed(_part(), ep=2).finish(logged=True, skipped=False)
+    assert got["ep_tokens"] == [[0, 10]] * 2 and got["ep_load"] == [2.0, 2.0]  # expert 2 is rank 1's
+    assert "ep_tokens" not in _routed(_part()).finish(logged=True, skipped=False)
+
+
+def test_build_passes_the_ep_of_the_parallel_dims():
+    from types import SimpleNamespace
+
+    cfg = compose_config(["model=moe-tiny"])
+    dims = SimpleNamespace(dp=1, pp=1, ep=2)  # one rank: no reduction group, so no mesh is needed
+    assert MoEStep.build(cfg, [], None, dims, torch.device("cpu")).ep == 2
 
 
 def test_without_bias_balancing_an_unlogged_step_reduces_nothing(monkeypatch):

@@ -1,14 +1,17 @@
 """`llmtrain report` of a mixture-of-experts run: the expert-load heat map's data (balanced against collapsed
-routers), the PNG, the router losses beside the loss, the summary lines; and nothing of it for a dense run."""
+routers), the PNG, the router losses beside the loss, the summary lines, the expert-parallel ranks' load; and
+nothing of it for a dense run."""
 
 from __future__ import annotations
 
 import argparse
 import json
 
+import math
+
 import pytest
 
-from llmtrain.report.expert_load import _edges, load_maps, load_vs_even, summary_rows
+from llmtrain.report.expert_load import _edges, load_maps, load_vs_even, rank_counts, row_ep, summary_rows
 from llmtrain.report.run_report import add_report_arguments, run_report
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -16,9 +19,9 @@ LAYERS = [1, 3]  # sparse layers of a 4-layer model: layer 0 dense, sparse_every
 E = 4  # experts
 
 
-def _rows(steps: int, routed) -> list[dict]:
+def _rows(steps: int, routed, ep: int = 1) -> list[dict]:
     """Train rows of steps 1..steps, logged every step; routed(step) -> expert_tokens of that step (None: a dense
-    run, no MoE keys)."""
+    run, no MoE keys); ep > 1 adds the expert-parallel fields as the trainer logs them."""
     rows = []
     for step in range(1, steps + 1):
         row = {"step": step, "loss": 5.0 - 0.1 * step, "lr": 1e-3, "tokens_per_s": 1000.0, "tokens": 256 * step}
@@ -27,6 +30,9 @@ def _rows(steps: int, routed) -> list[dict]:
             loads = [max(load_vs_even(t)) for t in tokens]
             row.update(aux_loss=1.0 + 0.01 * step, router_z_loss=2.0, moe_layers=LAYERS, expert_load=loads,
                        experts_idle=[t.count(0) for t in tokens], expert_tokens=tokens)
+            if ep > 1:
+                ranks = [rank_counts(t, ep) for t in tokens]
+                row.update(ep_tokens=ranks, ep_load=[max(load_vs_even(r)) for r in ranks])
         rows.append(row)
     return rows
 
@@ -87,6 +93,86 @@ def test_summary_lines_name_the_busiest_layer_and_the_idle_experts():
         ("expert load (step 8)", "busiest 4.00x even at layer 3; 3 idle expert(s) over 2 sparse layer(s)"),
         ("router losses (step 8)", "aux_loss 1.0800, router_z_loss 2.0000")]
     assert summary_rows(_rows(8, lambda step: None)) == []
+
+
+def uneven(step):
+    return [[100, 60, 40, 56], [64, 64, 64, 64]]
+
+
+def test_ep_ranks_sum_their_experts():
+    assert rank_counts([100, 60, 40, 56], 2) == [160, 96]
+    assert rank_counts([100, 60, 40, 56], 4) == [100, 60, 40, 56]
+    assert rank_counts([1, 2, 3, 4, 5, 6, 7, 8], 4) == [3, 7, 11, 15]
+
+
+def test_an_ep_run_gets_a_strip_of_its_busiest_rank():
+    maps = load_maps(_rows(10, collapsing, ep=2))
+    assert maps.ep == 2
+    # Layer 3's tokens all go to expert 2 from step 5 on: rank 1 (experts 2-3) gets every pair, rank 0 none.
+    assert maps.ep_busiest == [[1.0] * 10, [1.0] * 4 + [2.0] * 6]
+    assert load_maps(_rows(10, collapsing, ep=4)).ep_busiest == [[1.0] * 10, [1.0] * 4 + [4.0] * 6]
+    maps = load_maps(_rows(2, uneven, ep=2))
+    assert maps.ep_busiest[0] == [160 * 2 / 256] * 2 and maps.busiest[0] == [100 * 4 / 256] * 2
+    assert load_maps(_rows(2, uneven, ep=4)).ep_busiest[0] == [100 * 4 / 256] * 2
+
+
+def test_ep1_rows_and_broken_ep_fields_give_no_ep_strip():
+    maps = load_maps(_rows(4, collapsing))
+    assert maps.ep == 1 and maps.ep_busiest == []
+    rows = _rows(2, balanced, ep=2)
+    assert row_ep(rows[0], E) == 2
+    rows[0]["ep_tokens"] = [[64, 64, 64], [64, 64, 64]]  # 3 ranks do not split 4 experts
+    rows[1]["ep_tokens"] = [[128, 128]]  # one list for two layers
+    assert [row_ep(r, E) for r in rows] == [1, 1] and load_maps(rows).ep == 1
+
+
+def test_steps_logged_under_another_ep_are_blank_in_the_strip():
+    rows = _rows(2, collapsing) + _rows(4, collapsing, ep=2)[2:]  # resumed at step 3 with ep 2
+    strip = load_maps(rows).ep_busiest
+    assert [math.isnan(v) for v in strip[0]] == [True, True, False, False] and strip[1][2:] == [1.0, 1.0]
+
+
+def test_summary_of_an_ep_run_names_the_busiest_rank_and_the_idle_ones():
+    assert summary_rows(_rows(8, collapsing, ep=2)) == [
+        ("expert load (step 8)", "busiest 4.00x even at layer 3; 3 idle expert(s) over 2 sparse layer(s)"),
+        ("ep load (step 8)", "busiest 2.00x even at layer 3, rank 1 of 2 (2 expert(s) per rank); 1 idle rank(s) "
+                             "over 2 sparse layer(s)"),
+        ("router losses (step 8)", "aux_loss 1.0800, router_z_loss 2.0000")]
+    assert summary_rows(_rows(1, uneven, ep=2))[1] == (
+        "ep load (step 1)", "busiest 1.25x even at layer 1, rank 0 of 2 (2 expert(s) per rank); 0 idle rank(s) "
+                            "over 2 sparse layer(s)")
+    assert summary_rows(_rows(1, uneven, ep=4))[1][1].startswith("busiest 1.56x even at layer 1, rank 0 of 4 (1 ")
+    assert [label for label, _ in summary_rows(_rows(8, collapsing))] == [
+        "expert load (step 8)", "router losses (step 8)"]
+
+
+def test_the_heat_map_marks_the_ep_ranks_and_draws_their_strip(monkeypatch):
+    from llmtrain.report import run_report as report
+    from llmtrain.report.plotting import pyplot
+
+    plt = pyplot()
+    figures = []
+    monkeypatch.setattr(report, "_save", lambda plt_, fig, path: figures.append((path.rsplit("/", 1)[1], fig)))
+    report.plot_all(plt, _rows(8, collapsing, ep=2), "/nowhere", "t")
+    axes = dict(figures)["expert_load.png"].axes
+    panels = [ax for ax in axes if ax.get_xlabel() == "expert"]
+    assert len(panels) == 4
+    # One line between rank 0's experts (0, 1) and rank 1's (2, 3), in every panel.
+    assert [[list(line.get_xdata()) for line in ax.get_lines()] for ax in panels] == [[[1.5, 1.5]]] * 4
+    (strip,) = [ax for ax in axes if ax.get_title().startswith("busiest ep rank's load")]
+    assert strip.collections[0].get_array().reshape(2, 8).tolist() == [[1.0] * 8, [1.0] * 4 + [2.0] * 4]
+    figures.clear()
+    report.plot_all(plt, _rows(8, collapsing), "/nowhere", "t")
+    axes = dict(figures)["expert_load.png"].axes
+    assert not any(ax.get_title().startswith("busiest ep rank") for ax in axes)
+    assert all(ax.get_lines() == [] for ax in axes if ax.get_xlabel() == "expert")
+    plt.close("all")
+
+
+def test_report_of_an_ep_run_prints_its_rank_load(tmp_path, capsys, monkeypatch):
+    out, written = _report(tmp_path, _rows(10, collapsing, ep=2), capsys, monkeypatch)
+    assert "expert_load.png" in written
+    assert "busiest 2.00x even at layer 3, rank 1 of 2 (2 expert(s) per rank); 1 idle rank(s) over 2 sparse" in out
 
 
 def _report(tmp_path, rows, capsys, monkeypatch) -> tuple[str, list[str]]:

@@ -4,6 +4,9 @@
 (out, in) weight, so Hugging Face per-expert weights stack with no transpose. Two ways to run them, equal up to
 float rounding: torch._grouped_mm over the sorted tokens with int32 group ends (one kernel per matrix), or a loop
 over the experts' slices of the sorted tokens.
+
+Split over ranks (expert parallel, from outside the model), the weights are DTensors of which this rank runs its
+local experts: the counts it is handed are then theirs.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from llmtrain.model.moe.grouped import compute_dtype
 
@@ -24,9 +28,14 @@ class Experts(nn.Module):
 
     def forward(self, x: torch.Tensor, counts: torch.Tensor, grouped: bool) -> torch.Tensor:
         """`x` (m, d): tokens sorted by expert, `counts` (E,) tokens per expert. Returns (m, d)."""
+        weights = [_local(w) for w in (self.gate, self.fc, self.proj)]
         if grouped:
-            return grouped_swiglu(x, counts, self.gate, self.fc, self.proj)
-        return looped_swiglu(x, counts, self.gate, self.fc, self.proj)
+            return grouped_swiglu(x, counts, *weights)
+        return looped_swiglu(x, counts, *weights)
+
+
+def _local(weight: torch.Tensor) -> torch.Tensor:
+    return weight.to_local() if isinstance(weight, DTensor) else weight
 
 
 def grouped_swiglu(x: torch.Tensor, counts: torch.Tensor, gate: torch.Tensor, fc: torch.Tensor,
@@ -46,9 +55,8 @@ def grouped_swiglu(x: torch.Tensor, counts: torch.Tensor, gate: torch.Tensor, fc
 @torch.compiler.disable
 def looped_swiglu(x: torch.Tensor, counts: torch.Tensor, gate: torch.Tensor, fc: torch.Tensor,
                   proj: torch.Tensor) -> torch.Tensor:
-    """One SwiGLU per expert over its slice of `x`; the group sizes are read on the host."""
-    outs = []
-    for e, chunk in enumerate(torch.split(x, counts.tolist())):
-        if chunk.shape[0]:
-            outs.append(F.linear(F.silu(F.linear(chunk, gate[e])) * F.linear(chunk, fc[e]), proj[e]))
-    return torch.cat(outs) if outs else x.new_zeros(x.shape)
+    """One SwiGLU per expert over its slice of `x`; the group sizes are read on the host. Empty slices too: every
+    weight then gets a gradient (zeros) even on a rank whose experts got no token, as data parallel needs."""
+    outs = [F.linear(F.silu(F.linear(chunk, gate[e])) * F.linear(chunk, fc[e]), proj[e])
+            for e, chunk in enumerate(torch.split(x, counts.tolist()))]
+    return torch.cat(outs)

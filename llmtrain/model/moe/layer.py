@@ -1,5 +1,5 @@
 """The mixture-of-experts block: a sparse layer's `mlp`. No parallelism code: tensor parallel computes it whole on
-every rank ("replicated"), expert parallel would split `experts` from outside.
+every rank ("replicated"); expert parallel splits `experts` over ranks from outside (parallel/expert_parallel.py).
 
 forward(x (b, t, d)) -> (b, t, d): router logits in fp32, top_k experts per token (router.py), the token-expert
 pairs stably sorted by expert (dispatch.py), the experts run grouped or in a loop (experts.py, grouped.py), each

@@ -34,7 +34,7 @@ class Tracker:
 # A data=mix row's per-source dicts become one scalar per source under these prefixes.
 PER_SOURCE = {"source_tokens": "source_tokens/", "source_val_loss": "val_loss/"}
 # A MoE row's per-layer lists become one scalar per sparse layer, named by its global index (the row's moe_layers).
-PER_LAYER = {"expert_load": "expert_load/layer_", "experts_idle": "experts_idle/layer_"}
+PER_LAYER = {"expert_load": "expert_load/layer_", "experts_idle": "experts_idle/layer_", "ep_load": "ep_load/layer_"}
 # Scalars named as they are, without the train/ or val/ prefix.
 UNPREFIXED = ("data_wait_ms",)
 
