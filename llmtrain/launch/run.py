@@ -56,14 +56,16 @@ def raise_preempt(signum, frame) -> None:
 
 def layout_table(cfg: DictConfig) -> Table:
     dims = ParallelDims.from_config(cfg)
+    experts = f", ep={dims.ep} (carved from dp)" if dims.ep > 1 else ""
     table = fold_table(f"rank layout: dp={dims.dp} (replicate {dims.dp_replicate} x shard {dims.dp_shard}) "
-                       f"x pp={dims.pp} x tp={dims.tp}, zero={dims.zero}", expand=False)
-    for col in ("rank", "node", "local rank", "dp", "pp", "tp"):
+                       f"x pp={dims.pp} x tp={dims.tp}, zero={dims.zero}{experts}", expand=False)
+    dims_shown = ("dp", "pp", "tp") + (("ep",) if dims.ep > 1 else ())
+    for col in ("rank", "node", "local rank", *dims_shown):
         table.add_column(col, justify="right")
     nproc = cfg.cluster.nproc_per_node
     for rank in range(dims.world_size):
         c = dims.coords(rank)
-        table.add_row(*(str(v) for v in (rank, rank // nproc, rank % nproc, c["dp"], c["pp"], c["tp"])))
+        table.add_row(*(str(v) for v in (rank, rank // nproc, rank % nproc, *(c[d] for d in dims_shown))))
     return table
 
 
@@ -240,7 +242,7 @@ def _run(cfg: DictConfig, backend, console, resolution: Resolution, batch_origin
 def start_line(run_dir: str, dims: ParallelDims, nnodes: int, hosts: list[str], backend_name: str) -> str:
     """The launch's first line (README quotes it)."""
     on = f" ({', '.join(hosts)})" if hosts else ""
-    return (f"llmtrain: run directory {run_dir}; {dims.world_size} ranks (dp={dims.dp} tp={dims.tp} pp={dims.pp}) "
+    return (f"llmtrain: run directory {run_dir}; {dims.world_size} ranks ({dims.degrees}) "
             f"on {nnodes} node(s){on}, backend {backend_name}")
 
 

@@ -47,6 +47,11 @@ class ParallelDims:
         """The ZeRO shard group of the experts: dp_shard / ep (zero > 0), else 1."""
         return self.dp_shard // self.ep if self.zero else 1
 
+    @property
+    def degrees(self) -> str:
+        """'dp=4 tp=1 pp=1', with ' ep=2' under expert parallel: how log lines name the layout."""
+        return f"dp={self.dp} tp={self.tp} pp={self.pp}" + (f" ep={self.ep}" if self.ep > 1 else "")
+
     def coords(self, rank: int) -> dict[str, int]:
         """Rank order is (dp_replicate, dp_shard, pp, tp) with tp fastest, so a TP group sits on one node's
         fast links, then pipeline stages, then data-parallel replicas across nodes."""
@@ -54,7 +59,7 @@ class ParallelDims:
         pp = (rank // self.tp) % self.pp
         dp = rank // (self.tp * self.pp)
         return {"rank": rank, "dp": dp, "dp_replicate": dp // self.dp_shard, "dp_shard": dp % self.dp_shard,
-                "pp": pp, "tp": tp}
+                "pp": pp, "tp": tp, "ep": dp % self.ep}
 
 
 def layers_per_stage(n_layers: int, num_stages: int, explicit: list[int] | None) -> list[int]:

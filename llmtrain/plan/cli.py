@@ -19,7 +19,8 @@ from llmtrain.plan.params import active_params, stage_params
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the plan as JSON (for scripts)")
     parser.add_argument("--suggest", nargs=2, metavar=("N_GPUS", "GIB"), type=float, default=None,
-                        help="rank the layouts (tp, pp, zero, recompute) that fit N_GPUS devices of GIB GiB")
+                        help="rank the layouts (tp, pp, zero, recompute; ep for a mixture of experts) that fit "
+                             "N_GPUS devices of GIB GiB")
 
 
 def plan_for(cfg, memory_gib: float | None = None, calibrated: bool = True):
@@ -75,6 +76,16 @@ def parameters_line(total: int, active: int) -> str:
     return f"parameters: {total:,}" + (f" total, {active:,} active per token" if active != total else "")
 
 
+def all_to_all_cell(plan) -> str:
+    """A mixture of experts' all-to-all traffic per step per rank (expert parallel), and its exposed time."""
+    ep = plan.dims["ep"]
+    if ep == 1:
+        return "none (ep=1: every rank holds every expert)"
+    share = f"{ep - 1}/{ep}"
+    return (f"{plan.all_to_all_bytes_per_step / 1e9:,.3f} GB per rank ({share} of it leaves the rank: "
+            f"est. {plan.all_to_all_s:,.3f} s, exposed)")
+
+
 def render(plan, console: Console) -> None:
     d = plan.dims
     summary = fold_table("plan", show_header=False)
@@ -85,7 +96,7 @@ def render(plan, console: Console) -> None:
         ("parameters", f"{plan.params_total:,} ({plan.params_non_embedding:,} non-embedding)"),
         *((("active parameters", active),) if active else ()),
         ("layout", f"dp={d['dp']} (shard {d['dp_shard']}) tp={d['tp']} pp={d['pp']} x v{d['virtual_stages']} "
-                   f"zero={d['zero']} schedule={d['schedule']} recompute={d['recompute']}"
+                   f"ep={d['ep']} zero={d['zero']} schedule={d['schedule']} recompute={d['recompute']}"
                    + (f"/every {d['recompute_every']}" if d['recompute_every'] > 1 else "")
                    + (" +sp" if d['sequence_parallel'] else "")),
         ("world size", str(plan.world_size)),
@@ -97,6 +108,7 @@ def render(plan, console: Console) -> None:
          if plan.hardware["memory_gib"] else "unknown"),
         ("fits", "[green]yes[/]" if plan.fits else "[red]NO[/]"),
         ("comm per step per rank", ", ".join(f"{k} {v / 1e9:,.3f} GB" for k, v in plan.comm_bytes_per_step.items())),
+        *((("all-to-all per step", all_to_all_cell(plan)),) if plan.params_active != plan.params_total else ()),
         ("est. step time", f"{plan.step_time_s:,.3f} s"),
         ("est. tokens/s", f"{plan.tokens_per_s:,.0f}"),
     ]
@@ -122,9 +134,18 @@ def render(plan, console: Console) -> None:
         plain(no_mfu_line(plan), console=console)
 
 
+def expert_degrees(cfg, dp: int) -> list[int]:
+    """The ep a layout with `dp` data-parallel ranks may take: for a mixture of experts every divisor of
+    model.moe.n_experts that divides dp (validate() has the last word); 1 for a dense model."""
+    moe = cfg.model.get("moe")
+    if moe is None:
+        return [1]
+    return [ep for ep in range(1, dp + 1) if dp % ep == 0 and moe.n_experts % ep == 0]
+
+
 def layouts(cfg, n_gpus: int, per_node: int):
-    """(tp, pp, zero, recompute) of every layout for n_gpus devices, per_node of them on each node: tp within a
-    node, pp dividing the layers, every zero and recompute."""
+    """(tp, pp, zero, recompute, ep) of every layout for n_gpus devices, per_node of them on each node: tp within
+    a node, pp dividing the layers, every zero and recompute, and a mixture of experts' ep (expert_degrees)."""
     if n_gpus % per_node:
         return
     for tp in (1, 2, 4, 8):
@@ -135,14 +156,15 @@ def layouts(cfg, n_gpus: int, per_node: int):
                 continue
             for zero in (0, 2, 3):
                 for recompute in ("none", "selective", "full"):
-                    yield tp, pp, zero, recompute
+                    for ep in expert_degrees(cfg, n_gpus // (tp * pp)):
+                        yield tp, pp, zero, recompute, ep
 
 
-def set_layout(c, n_gpus: int, per_node: int, tp: int, pp: int, zero: int, recompute: str) -> None:
+def set_layout(c, n_gpus: int, per_node: int, tp: int, pp: int, zero: int, recompute: str, ep: int = 1) -> None:
     """Give config `c` (in place) a layout of `layouts`: dp the rest of the devices, sequence parallel with tp,
     the plain 1F1B schedule."""
     c.cluster.nproc_per_node, c.cluster.nnodes = per_node, n_gpus // per_node
-    c.parallel.tp, c.parallel.pp, c.parallel.zero = tp, pp, zero
+    c.parallel.tp, c.parallel.pp, c.parallel.zero, c.parallel.ep = tp, pp, zero, ep
     c.parallel.dp, c.parallel.dp_shard, c.parallel.virtual_stages = n_gpus // (tp * pp), None, 1
     c.parallel.pp_schedule, c.parallel.pp_layers = "1f1b", None
     c.parallel.sequence_parallel = tp > 1
@@ -180,13 +202,15 @@ def suggest(cfg, n_gpus: int, gib: float, console: Console, as_json: bool) -> in
     table = fold_table(f"layouts that fit {n_gpus} devices of {gib:g} GiB (global batch "
                        f"{cfg.train.global_batch_size}, micro batch {cfg.train.micro_batch_size}), fastest first")
     with_mfu = bool(fitting) and fitting[0].mfu is not None
-    for col in ("tp", "pp", "dp", "zero", "recompute", "peak GiB", "est. tokens/s", *(("est. MFU",) if with_mfu
-                                                                                      else ())):
+    with_ep = cfg.model.get("moe") is not None
+    for col in ("tp", "pp", "dp", *(("ep",) if with_ep else ()), "zero", "recompute", "peak GiB", "est. tokens/s",
+                *(("est. MFU",) if with_mfu else ())):
         table.add_column(col, justify="right")
     for p in fitting[:15]:
         d = p.dims
-        table.add_row(str(d["tp"]), str(d["pp"]), str(d["dp"]), str(d["zero"]), d["recompute"],
-                      _gib(p.peak_bytes_per_rank), f"{p.tokens_per_s:,.0f}", *((f"~{p.mfu:.0%}",) if with_mfu else ()))
+        table.add_row(str(d["tp"]), str(d["pp"]), str(d["dp"]), *((str(d["ep"]),) if with_ep else ()), str(d["zero"]),
+                      d["recompute"], _gib(p.peak_bytes_per_rank), f"{p.tokens_per_s:,.0f}",
+                      *((f"~{p.mfu:.0%}",) if with_mfu else ()))
     console.print(table if fitting else f"no layout of {n_gpus} devices fits in {gib:g} GiB per device; try "
                                         "more devices, a smaller train.micro_batch_size or a shorter model.seq_len")
     _, total, _ = stage_params(cfg)
@@ -232,10 +256,11 @@ def smallest_fitting_change(cfg, plan):
         c = each(layout)
         return not is_valid(c) or plan_for(c, memory_gib=memory).fits
 
-    # zero 3 with full recompute needs the least memory of a (tp, pp): where it does not fit, nothing else of that
-    # pair is planned (where validate refuses it, the pair is searched whole)
-    pairs = {(tp, pp) for tp, pp in {layout[:2] for layout in layouts(cfg, n, per_node)} if fits((tp, pp, 3, "full"))}
-    return fit_change.smallest(cfg, [(layout, each) for layout in layouts(cfg, n, per_node) if layout[:2] in pairs],
+    # zero 3 with full recompute needs the least memory of a (tp, pp) (with a mixture of experts: at one of its
+    # ep): where none fits, nothing else of that pair is planned (where validate refuses one, the pair is searched)
+    all_layouts = list(layouts(cfg, n, per_node))
+    pairs = {layout[:2] for layout in all_layouts if layout[2:4] == (3, "full") and fits(layout)}
+    return fit_change.smallest(cfg, [(layout, each) for layout in all_layouts if layout[:2] in pairs],
                                is_valid, lambda c: plan_for(c, memory_gib=memory))
 
 

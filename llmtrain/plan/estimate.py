@@ -21,6 +21,7 @@ the block input only. Plus the loss's tensors (loss_bytes). The peak adds the pi
 backward temporary, under full recompute one block's activations rebuilt during its backward, and under TP one
 all-reduce in flight. On a CUDA device under autocast (bf16/fp16) the memory follows cuda_memory.py instead, which
 adds what autocast keeps (fp32 residual stream, cast copies of inputs and weights) and the loss's fp32 tensors.
+Under expert parallel the routed experts' state and traffic follow their own layout (expert_parallel.py).
 Step time is an estimate from stated assumptions (matmul efficiency, exposed communication), reported as such;
 so is the MFU it implies, which exists only against a known peak (hw["peak_tflops"]: a CPU's step time is
 estimated at its matmul speed measured now, which is no peak).
@@ -36,6 +37,7 @@ from llmtrain.config.schema import SINGLE_STAGE_SCHEDULES
 from llmtrain.parallel import layout as pp_lib
 from llmtrain.parallel.layout import ParallelDims
 from llmtrain.plan import cuda_memory
+from llmtrain.plan import expert_parallel as ep_lib
 from llmtrain.plan.moe_memory import moe_saved_bytes
 from llmtrain.plan.params import (BlockShape, StagePlan, active_params, block_params_per_rank, block_shape,
                                   block_shapes, flops_per_token, moe_flops_per_token, stage_params)
@@ -68,6 +70,9 @@ class Plan:
     notes: list[str]
     compute_s: float = 0.0  # of step_time_s: the FLOPs at the assumed efficiency, pipeline bubble included
     exposed_comm_s: float = 0.0  # of step_time_s: the communication not hidden behind compute
+    # expert parallel: what the busiest pipeline rank's all-to-alls carry per step, and their time (exposed)
+    all_to_all_bytes_per_step: float = 0.0
+    all_to_all_s: float = 0.0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -171,6 +176,16 @@ def state_bytes(cfg, dims: ParallelDims, params_per_rank: int, layers: int = 0) 
     return {"params": params, "grads": grads, "optimizer": optim, "gathered_params": gathered}
 
 
+def stage_state_bytes(cfg, dims: ParallelDims, stage: StagePlan) -> dict:
+    """state_bytes of a stage's rank; under expert parallel its routed experts apart, in their own layout
+    (expert_parallel.expert_dims; never float8)."""
+    if dims.ep == 1 or not stage.expert_params_per_rank:
+        return state_bytes(cfg, dims, stage.params_per_rank, len(stage.layers))
+    rest = state_bytes(cfg, dims, stage.params_per_rank - stage.expert_params_per_rank, len(stage.layers))
+    experts = state_bytes(cfg, ep_lib.expert_dims(dims), stage.expert_params_per_rank)
+    return {k: rest[k] + experts[k] for k in rest}
+
+
 def loss_bytes(cfg, micro_batch: int) -> float:
     """The last stage's extra: the head's input (full: gathered under sequence parallel), for an RMSNorm family the
     final norm's normalized tensor, and the fp32 logits and log-softmax of one micro-batch (vocabulary-sharded under
@@ -224,23 +239,30 @@ def tp_collective_bytes(cfg, micro_batch: int) -> float:
     return 2 * m.seq_len * micro_batch * m.d_model * BYTES[cfg.precision.compute_dtype]
 
 
+def dp_bytes(cfg, dims: ParallelDims, params: int, layers: int) -> float:
+    """Data parallel's traffic per step per rank for `params` parameters held as `dims` lays them out."""
+    if dims.dp == 1:
+        return 0.0
+    grad_bytes = params * BYTES[cfg.precision.reduce_dtype]
+    if dims.zero == 0:
+        return 2 * (dims.dp - 1) / dims.dp * grad_bytes  # ring all-reduce
+    param_bytes = params * BYTES[cfg.precision.compute_dtype] - float8_gather_saving(cfg, dims, layers)
+    n, gathers = dims.dp_shard, 2 if dims.zero == 3 else 1
+    return (gathers * (n - 1) / n * param_bytes + (n - 1) / n * grad_bytes
+            + (2 * (dims.dp_replicate - 1) / dims.dp_replicate * grad_bytes / n if dims.dp_replicate > 1 else 0.0))
+
+
 def comm_bytes(cfg, dims: ParallelDims, plan_stage: StagePlan, micro: int) -> dict:
+    """Traffic per step per rank (`plan_stage`'s) of dp, tp and pp; under expert parallel the routed experts'
+    gradients and gathers run over the ranks holding the same experts (the all-to-alls: expert_parallel.py)."""
     m, p = cfg.model, cfg.parallel
     mb = cfg.train.micro_batch_size
     act = BYTES[cfg.precision.compute_dtype] * m.seq_len * mb * m.d_model
-    grad_bytes = plan_stage.params_per_rank * BYTES[cfg.precision.reduce_dtype]
-    param_bytes = (plan_stage.params_per_rank * BYTES[cfg.precision.compute_dtype]
-                   - float8_gather_saving(cfg, dims, len(plan_stage.layers)))
     out = {"dp": 0.0, "tp": 0.0, "pp": 0.0}
-    n = dims.dp_shard
-    if dims.dp > 1:
-        if dims.zero == 0:
-            out["dp"] = 2 * (dims.dp - 1) / dims.dp * grad_bytes  # ring all-reduce
-        else:
-            gathers = 2 if dims.zero == 3 else 1
-            out["dp"] = (gathers * (n - 1) / n * param_bytes + (n - 1) / n * grad_bytes
-                         + (2 * (dims.dp_replicate - 1) / dims.dp_replicate * grad_bytes / n
-                            if dims.dp_replicate > 1 else 0.0))
+    experts = plan_stage.expert_params_per_rank if dims.ep > 1 else 0
+    out["dp"] = dp_bytes(cfg, dims, plan_stage.params_per_rank - experts, len(plan_stage.layers))
+    if experts:
+        out["dp"] += dp_bytes(cfg, ep_lib.expert_dims(dims), experts, 0)
     if p.tp > 1:
         # 2 all-reduces forward + 2 backward per layer per micro-batch (or the same volume as AG + RS with SP).
         per_layer = 4 * 2 * (p.tp - 1) / p.tp * act
@@ -256,11 +278,11 @@ def comm_bytes(cfg, dims: ParallelDims, plan_stage: StagePlan, micro: int) -> di
     return out
 
 
-def largest_block_param(shape: BlockShape, tp: int) -> float:
+def largest_block_param(shape: BlockShape, tp: int, ep: int = 1) -> float:
     """Elements of one block's largest parameter on a tensor-parallel rank: an MLP matrix (split), or a sparse
-    block's experts' stacked matrices (every expert, whole)."""
+    block's experts' stacked matrices (the rank's E / ep experts, whole)."""
     if shape.sparse:
-        return float(shape.experts * shape.expert_ffn * shape.d_model)
+        return float(shape.experts // ep * shape.expert_ffn * shape.d_model)
     return shape.ffn * shape.d_model / tp
 
 
@@ -271,12 +293,14 @@ def _cuda_moments(cfg, dims: ParallelDims, held: list[StagePlan], n_stages: int,
     m, tp = cfg.model, cfg.parallel.tp
     holds_embedding = any(s.stage in (0, n_stages - 1) for s in held)
     shapes = block_shapes(m)
-    largest = max(largest_block_param(shapes[i], tp) for s in held for i in s.layers) if any(s.layers for s in held) \
-        else 0.0
+
+    def shard(sparse: bool) -> int:  # the optimizer updates its shard (the routed experts': over expert_dp_shard)
+        return 1 if dims.zero < 2 else dims.expert_dp_shard if sparse and dims.ep > 1 else dims.dp_shard
+
+    largest = max(largest_block_param(shapes[i], tp, dims.ep) / shard(shapes[i].sparse) for s in held
+                  for i in s.layers) if any(s.layers for s in held) else 0.0
     if holds_embedding:
-        largest = max(largest, padded_vocab_size(m) * m.d_model / tp)
-    if dims.zero >= 2:
-        largest /= dims.dp_shard  # the optimizer updates its shard
+        largest = max(largest, padded_vocab_size(m) * m.d_model / tp / shard(False))
     return cuda_memory.rank_peak(
         state=state, grads=grads, acts=acts, micro=micro, last=any(s.stage == n_stages - 1 for s in held),
         pipelined=cfg.parallel.pp > 1, held_weights=held_weights, cached_only=cached_only,
@@ -294,7 +318,7 @@ def build_plan(cfg, peak_flops: float, memory_bytes: float | None, hw: dict) -> 
     layer_bytes = cuda_memory.layer_bytes if cuda else activation_bytes_per_layer
     per_layer = layer_bytes_by_layer(layer_bytes, cfg, t.micro_batch_size)
     full_layer = layer_bytes_by_layer(layer_bytes, cfg, t.micro_batch_size, "none")
-    block_per_rank = [block_params_per_rank(shape, cfg.model, p.tp) for shape in block_shapes(cfg.model)]
+    block_per_rank = [block_params_per_rank(shape, cfg.model, p.tp, dims.ep) for shape in block_shapes(cfg.model)]
     every = cfg.recompute.every
     notes = []
     ranks_stages = {r: pp_lib.stage_ids(r, p.pp, p.virtual_stages, p.pp_schedule) for r in range(p.pp)} \
@@ -312,7 +336,7 @@ def build_plan(cfg, peak_flops: float, memory_bytes: float | None, hw: dict) -> 
             s.activation_bytes += saved
         if s.stage == len(stages) - 1:
             s.activation_bytes += (cuda_memory.loss_saved_bytes if cuda else loss_bytes)(cfg, t.micro_batch_size)
-        s.state_bytes = state_bytes(cfg, dims, s.params_per_rank, len(s.layers))
+        s.state_bytes = stage_state_bytes(cfg, dims, s)
     # A rank's peak, at the start of the last micro-batch's backward: model state, live activations, the
     # pipeline runtime's buffers and one backward temporary. Without accumulation no gradient exists yet then,
     # and backward frees each layer's activations as it makes that layer's gradients: the larger of the two counts.
@@ -368,9 +392,15 @@ def build_plan(cfg, peak_flops: float, memory_bytes: float | None, hw: dict) -> 
     intra, inter = hw["intra_node_gbs"] * 1e9, hw["inter_node_gbs"] * 1e9
     tp_bw = intra if p.tp <= cfg.cluster.nproc_per_node else inter
     dp_bw = inter if cfg.cluster.nnodes > 1 else intra
+    # Expert parallel's all-to-alls sit on the critical path (the experts wait for their tokens): the busiest
+    # pipeline rank's, the share of them that leaves the rank.
+    a2a = max(ep_lib.all_to_all_bytes(cfg, [i for k in ids for i in stages[k].layers], micro,
+                                      [i for k in ids for i in recomputed[k]]) for ids in ranks_stages.values())
+    a2a_s = a2a * ep_lib.leaving_share(dims.ep) / ep_lib.all_to_all_bandwidth(cfg, hw) * hw.get("comm_factor", 1.0)
     # TP and PP transfers sit on the critical path; DP overlaps with backward except ~1/L of it.
     exposed = comm["tp"] / tp_bw + comm["pp"] / tp_bw + comm["dp"] / dp_bw / max(1, cfg.model.n_layers)
     exposed *= hw.get("comm_factor", 1.0)  # 1 unless `llmtrain tune` measured otherwise (plan/calibration.py)
+    exposed += a2a_s
     step = compute_s / (1 - bubble) + exposed
     tps = tokens / step
     mfu = fpt * tps / (peak_flops * world) if hw.get("peak_tflops") is not None else None
@@ -397,14 +427,20 @@ def build_plan(cfg, peak_flops: float, memory_bytes: float | None, hw: dict) -> 
         notes.append(f"tensor parallel computes the MoE blocks whole on each of the {p.tp} ranks: their FLOPs "
                      f"({moe_flops_per_token(cfg.model) / fpt:.0%} of the model's) take {p.tp}x the time, not counted "
                      "as model FLOPs (MFU)")
+    if dims.ep > 1:
+        notes.append(f"expert parallel: each rank holds 1/{dims.ep} of every sparse layer's routed experts, "
+                     f"replicated or ZeRO-sharded over the {dims.expert_dp} rank(s) holding the same ones; its expert "
+                     "activations are those of the token-expert pairs it receives, on average its own tokens x top_k "
+                     f"(a balanced router), as at ep=1; the {dims.ep - 1}/{dims.ep} of the all-to-alls that leaves "
+                     "the rank is counted exposed")
     return Plan(params_total=total, params_non_embedding=non_embedding, params_active=active_params(cfg, total),
                 flops_per_token=fpt, world_size=world,
-                dims={"dp": dims.dp, "dp_shard": dims.dp_shard, "tp": p.tp, "pp": p.pp,
+                dims={"dp": dims.dp, "dp_shard": dims.dp_shard, "tp": p.tp, "pp": p.pp, "ep": dims.ep,
                       "virtual_stages": p.virtual_stages, "zero": dims.zero, "schedule": p.pp_schedule,
                       "recompute": cfg.recompute.mode, "recompute_every": cfg.recompute.every,
                       "sequence_parallel": p.sequence_parallel},
                 micro_batches=micro, stages=stages, heaviest_stage=heaviest, peak_bytes_per_rank=peak,
                 bubble_fraction=bubble, comm_bytes_per_step=comm, step_time_s=step, tokens_per_s=tps,
                 mfu=mfu, hardware=hw, fits=fits, notes=notes, compute_s=compute_s / (1 - bubble),
-                exposed_comm_s=exposed)
+                exposed_comm_s=exposed, all_to_all_bytes_per_step=a2a, all_to_all_s=a2a_s)
 

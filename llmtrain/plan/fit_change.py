@@ -1,8 +1,8 @@
 """When a plan does not fit: the smallest change of layout that does, among `llmtrain plan --suggest`'s
-candidates on the configured devices (tp, pp, zero, recompute; sequence parallel with tp > 1). Smallest = the
-fewest of those keys changed; among equals, the fastest estimate. dp follows tp x pp (with the candidates' plain
-1F1B schedule), and the batch is kept: named with a change of dp, so that a batch key left null (derived from the
-layout) cannot change with it."""
+candidates on the configured devices (tp, pp, zero, recompute, a mixture of experts' ep; sequence parallel with
+tp > 1). Smallest = the fewest of those keys changed; among equals, the fastest estimate. dp follows tp x pp (with
+the candidates' plain 1F1B schedule), and the batch is kept: named with a change of dp, so that a batch key left
+null (derived from the layout) cannot change with it."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ from dataclasses import dataclass
 from typing import Callable
 
 # What the search varies: a change's size is how many of these it sets.
-SIZED = ("parallel.tp", "parallel.pp", "parallel.zero", "parallel.sequence_parallel", "recompute.mode")
+SIZED = ("parallel.tp", "parallel.pp", "parallel.ep", "parallel.zero", "parallel.sequence_parallel", "recompute.mode")
 # Every key a candidate may change, in the order a change names them (the others follow the sized ones).
-ORDER = ("parallel.tp", "parallel.pp", "parallel.dp", "parallel.dp_shard", "parallel.zero", "parallel.sequence_parallel",
-         "parallel.virtual_stages", "parallel.pp_schedule", "parallel.pp_layers", "recompute.mode", "recompute.every")
+ORDER = ("parallel.tp", "parallel.pp", "parallel.dp", "parallel.dp_shard", "parallel.ep", "parallel.zero",
+         "parallel.sequence_parallel", "parallel.virtual_stages", "parallel.pp_schedule", "parallel.pp_layers",
+         "recompute.mode", "recompute.every")
 BATCH = ("train.global_batch_size", "train.micro_batch_size")
 
 

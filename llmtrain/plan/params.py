@@ -7,6 +7,7 @@ up (fc) and down (proj)), two norms (a bias each too where the family has biases
 the biases of the linear layers, q/k norms (per head: two head_dim weights; whole width: q's and k's widths) and a
 learned position table. A sparse block's MLP is the MoE: the router (d_model x n_experts), every expert's gate, up
 and down matrices, and the shared experts' SwiGLU; tensor parallel computes it whole on every rank (replicated).
+Expert parallel (`parallel.ep`) leaves a rank 1/ep of each sparse block's routed experts.
 The head is tied to the token embedding unless model.tie_embeddings=false (families that may untie it), when it is
 one more vocabulary x d_model matrix on the last stage. The tests compare every count with the real model, per
 pipeline stage.
@@ -30,7 +31,7 @@ from llmtrain.model.registry import family_of
 from llmtrain.parallel import layout as pp_lib
 
 __all__ = ["BlockShape", "StagePlan", "block_shape", "block_shapes", "block_params", "stage_params",
-           "active_params", "flops_per_token"]
+           "active_params", "flops_per_token", "routed_expert_params"]
 
 
 def block_shape(model_cfg, layer: int = 0) -> BlockShape:
@@ -123,9 +124,16 @@ def block_params(shape: BlockShape, model_cfg) -> tuple[int, int]:
     return split + replicated, split
 
 
-def block_params_per_rank(shape: BlockShape, model_cfg, tp: int) -> int:
+def routed_expert_params(shape: BlockShape) -> int:
+    """A sparse block's routed experts (the three stacked tensors): what expert parallel splits over ep ranks."""
+    return shape.experts * expert_params(shape) if shape.sparse else 0
+
+
+def block_params_per_rank(shape: BlockShape, model_cfg, tp: int, ep: int = 1) -> int:
+    """One block's parameters on a rank: its tensor-parallel share, and 1/ep of its routed experts."""
     total, split = block_params(shape, model_cfg)
-    return total - split + split // tp
+    routed = routed_expert_params(shape)
+    return total - split + split // tp - routed + routed // ep
 
 
 def idle_expert_params(shape: BlockShape) -> int:
@@ -152,7 +160,8 @@ class StagePlan:
     stage: int
     layers: list[int]
     params: int          # this stage's parameters (whole, before TP)
-    params_per_rank: int  # after tensor parallel (before ZeRO sharding)
+    params_per_rank: int  # after tensor and expert parallel (before ZeRO sharding)
+    expert_params_per_rank: int = 0  # of them, routed experts (this rank's 1/ep of them): ZeRO-sharded apart
     in_flight: float = 0.0     # micro-batches whose activations are alive at the peak
     activation_bytes: float = 0.0
     state_bytes: dict = field(default_factory=dict)
@@ -165,7 +174,8 @@ def stage_params(cfg) -> tuple[list[StagePlan], int, int]:
     m, p = cfg.model, cfg.parallel
     shapes = block_shapes(m)
     blocks = [block_params(s, m)[0] for s in shapes]
-    blocks_per_rank = [block_params_per_rank(s, m, p.tp) for s in shapes]
+    ep = p.get("ep", 1)
+    blocks_per_rank = [block_params_per_rank(s, m, p.tp, ep) for s in shapes]
     tok, pos, head = embedding_params(m)
     norm = final_norm_params(m)
     total = tok + pos + head + norm + sum(blocks)
@@ -183,7 +193,7 @@ def stage_params(cfg) -> tuple[list[StagePlan], int, int]:
             n, per_rank = n + norm, per_rank + norm
             own_head = head or (tok if s != 0 else 0)
             n, per_rank = n + own_head, per_rank + own_head // p.tp
-        plans.append(StagePlan(s, layers, n, per_rank))
+        plans.append(StagePlan(s, layers, n, per_rank, sum(routed_expert_params(shapes[i]) // ep for i in layers)))
     return plans, total, total - tok - pos - head
 
 

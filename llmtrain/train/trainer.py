@@ -362,8 +362,8 @@ class Trainer:
         t, m = self.cfg.train, self.cfg.model
         fused = self.cfg.optim.fused
         kernel = f"optim.fused={fused}" + (f" -> {self.fused} on {self.device.type}" if fused != self.fused else "")
-        self.log(f"llmtrain: {self.model.describe()}; layout dp={self.dims.dp} tp={self.dims.tp} "
-                 f"pp={self.dims.pp} zero={self.dims.zero}; {kernel}; {t.max_steps} steps of {t.global_batch_size} x "
+        self.log(f"llmtrain: {self.model.describe()}; layout {self.dims.degrees} "
+                 f"zero={self.dims.zero}; {kernel}; {t.max_steps} steps of {t.global_batch_size} x "
                  f"{m.seq_len} tokens ({batch_words(self.batch_origin, t.global_batch_size)}{self.accum} "
                  f"micro-batches of {t.micro_batch_size} per dp rank)", flush=True)
         if self.model.float8 is not None:

@@ -1,5 +1,5 @@
-"""The layouts a tune measures: `llmtrain plan --suggest`'s candidates (tp, pp, zero, recompute) on the configured
-nodes, each also with a half and a double micro-batch and, with a pipeline, the interleaved schedule over two
+"""The layouts a tune measures: `llmtrain plan --suggest`'s candidates (tp, pp, zero, recompute, and for a mixture
+of experts ep) on the configured nodes, each also with a half and a double micro-batch and, with a pipeline, the interleaved schedule over two
 virtual stages; the global batch stays the configured one. Ranked by the plan's estimated tokens/s (calibrated
 when tune measured this hardware and model family before); the top K that fit a device are the trials.
 train.compile and optim.fused stay as configured: the plan has no figure for them to rank by (refine.py measures
@@ -16,8 +16,9 @@ from llmtrain.plan.cli import candidates as plan_candidates
 from llmtrain.plan.cli import plan_for
 from llmtrain.plan.estimate import Plan
 
-# The keys a layout sets, with the short names its folder is named by.
-LAYOUT_KEYS = {"parallel.dp": "dp", "parallel.tp": "tp", "parallel.pp": "pp", "parallel.virtual_stages": "v",
+# The keys a layout sets, with the short names its folder is named by (parallel.ep: a mixture of experts' only).
+LAYOUT_KEYS = {"parallel.dp": "dp", "parallel.tp": "tp", "parallel.pp": "pp", "parallel.ep": "ep",
+               "parallel.virtual_stages": "v",
                "parallel.pp_schedule": "", "parallel.zero": "zero", "parallel.sequence_parallel": "sp",
                "train.micro_batch_size": "mb", "recompute.mode": "rc"}
 
@@ -38,12 +39,20 @@ class Layout:
         if v["parallel.pp"] > 1:
             parts.append(f"{v['parallel.pp_schedule']}" + (f"-v{v['parallel.virtual_stages']}"
                                                            if v["parallel.virtual_stages"] > 1 else ""))
+        if "parallel.ep" in v:
+            parts.append(f"ep{v['parallel.ep']}")
         parts += [f"zero{v['parallel.zero']}", f"mb{v['train.micro_batch_size']}", f"rc-{v['recompute.mode']}"]
         return "-".join(parts)
 
     @property
     def overrides(self) -> list[str]:
         return [f"{key}={_hydra(value)}" for key, value in self.values.items()]
+
+
+def layout_keys(cfg: DictConfig) -> list[str]:
+    """The LAYOUT_KEYS a config's layouts set: parallel.ep only for a mixture of experts (a dense model's is 1),
+    so a dense model's layouts keep their names and overrides."""
+    return [key for key in LAYOUT_KEYS if key != "parallel.ep" or cfg.model.get("moe") is not None]
 
 
 def _hydra(value) -> str:
@@ -71,7 +80,7 @@ def layouts(cfg: DictConfig):
                     validate(c)
                 except ConfigError:
                     continue
-                layout = Layout({key: _get(c, key) for key in LAYOUT_KEYS}, c)
+                layout = Layout({key: _get(c, key) for key in layout_keys(c)}, c)
                 if layout.name not in seen:
                     seen.add(layout.name)
                     yield layout
