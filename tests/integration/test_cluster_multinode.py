@@ -182,21 +182,24 @@ def test_slurm_two_nodes_match_and_requeue_resumes(cluster, reference, tmp_path)
 
 
 def test_a_mixture_of_experts_across_two_slurm_nodes_matches_one_process(cluster, tmp_path):  # noqa: F811
-    """moe-tiny data-parallel over the two nodes, in a Slurm job with a time limit: the routing statistics are
-    summed across nodes (the same tokens per expert as one process) and the router's bias balancing, moved from
-    those sums, keeps both nodes' models equal, so the losses match one process."""
+    """moe-tiny over the two nodes with expert parallel (ep2: each node holds half of every sparse layer's experts,
+    the token-expert pairs cross between the nodes by all-to-all), in a Slurm job with a time limit: the routing
+    statistics are summed across nodes (the same tokens per expert as one process) and the router's bias
+    balancing, moved from those sums, keeps both nodes' routers equal, so the losses match one process."""
     moe = ["model=moe-tiny", "model.moe.bias_update_rate=0.001"]
     ref = [r for r in train_in_process(tmp_path / "ref", *COMMON[:-2], *moe, "cluster.nproc_per_node=1")
            if "loss" in r]
     run_dir = tmp_path / "run"
-    result = run_cli(["launch", f"run.dir={run_dir}", *COMMON, *moe, "cluster=slurm", "cluster.gpus_per_node=0",
-                      "cluster.time=00:10:00", "cluster.follow=true"], env=cluster.env, timeout=300)
+    result = run_cli(["launch", f"run.dir={run_dir}", *COMMON, *moe, "parallel.ep=2", "cluster=slurm",
+                      "cluster.gpus_per_node=0", "cluster.time=00:10:00", "cluster.follow=true"],
+                     env=cluster.env, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     got = [r for r in read_rows(run_dir) if "loss" in r]
     assert [r["step"] for r in got] == [r["step"] for r in ref] == list(range(1, 9))
     for mine, want in zip(got, ref):
         assert abs(mine["loss"] - want["loss"]) <= 1e-5 and abs(mine["aux_loss"] - want["aux_loss"]) <= 1e-5
         assert mine["expert_tokens"] == want["expert_tokens"], mine["step"]
+        assert mine["ep_tokens"] == [[sum(t[:4]), sum(t[4:])] for t in want["expert_tokens"]], mine["step"]
 
 
 def test_doctor_across_both_nodes(cluster, hostfile, tmp_path):  # noqa: F811
