@@ -233,7 +233,7 @@ def _validate_expert_parallel(cfg: DictConfig) -> None:
     _require(ep >= 1, "parallel.ep", f"must be >= 1 (got {ep})")
     if ep == 1:
         return
-    _require(m.get("moe") is not None, "parallel.ep",
+    _require(m.moe is not None, "parallel.ep",
              f"ep={ep} splits a mixture of experts' experts, but model.moe is null (a dense model)")
     n = m.moe.n_experts
     _require(n % ep == 0, "parallel.ep", f"ep={ep} must divide model.moe.n_experts={n}")

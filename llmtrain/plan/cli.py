@@ -137,7 +137,7 @@ def render(plan, console: Console) -> None:
 def expert_degrees(cfg, dp: int) -> list[int]:
     """The ep a layout with `dp` data-parallel ranks may take: for a mixture of experts every divisor of
     model.moe.n_experts that divides dp (validate() has the last word); 1 for a dense model."""
-    moe = cfg.model.get("moe")
+    moe = cfg.model.moe
     if moe is None:
         return [1]
     return [ep for ep in range(1, dp + 1) if dp % ep == 0 and moe.n_experts % ep == 0]
@@ -202,7 +202,7 @@ def suggest(cfg, n_gpus: int, gib: float, console: Console, as_json: bool) -> in
     table = fold_table(f"layouts that fit {n_gpus} devices of {gib:g} GiB (global batch "
                        f"{cfg.train.global_batch_size}, micro batch {cfg.train.micro_batch_size}), fastest first")
     with_mfu = bool(fitting) and fitting[0].mfu is not None
-    with_ep = cfg.model.get("moe") is not None
+    with_ep = cfg.model.moe is not None
     for col in ("tp", "pp", "dp", *(("ep",) if with_ep else ()), "zero", "recompute", "peak GiB", "est. tokens/s",
                 *(("est. MFU",) if with_mfu else ())):
         table.add_column(col, justify="right")

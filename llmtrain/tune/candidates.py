@@ -52,7 +52,7 @@ class Layout:
 def layout_keys(cfg: DictConfig) -> list[str]:
     """The LAYOUT_KEYS a config's layouts set: parallel.ep only for a mixture of experts (a dense model's is 1),
     so a dense model's layouts keep their names and overrides."""
-    return [key for key in LAYOUT_KEYS if key != "parallel.ep" or cfg.model.get("moe") is not None]
+    return [key for key in LAYOUT_KEYS if key != "parallel.ep" or cfg.model.moe is not None]
 
 
 def _hydra(value) -> str:
