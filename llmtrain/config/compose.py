@@ -172,8 +172,9 @@ def _fill_defaults(cfg: DictConfig, slots_per_node) -> None:
         cfg.cluster.nproc_per_node = _nproc_from_hostfile(cfg.cluster, slots_per_node)
     world = world_size(cfg)
     p = cfg.parallel
-    if p.dp is None and p.tp > 0 and p.pp > 0 and world % (p.tp * p.pp) == 0:
-        p.dp = world // (p.tp * p.pp)
+    cp = p.get("cp", 1)
+    if p.dp is None and p.tp > 0 and p.pp > 0 and cp > 0 and world % (p.tp * p.pp * cp) == 0:
+        p.dp = world // (p.tp * p.pp * cp)
     batch.fill(cfg, fill_micro=False)  # the global batch never follows the layout; the micro-batch may
 
 

@@ -123,7 +123,7 @@ class ModelConfig:
 
 @dataclass
 class ParallelConfig:
-    # null = world size / (tp * pp)
+    # null = world size / (tp * pp * cp)
     dp: Optional[int] = None
     tp: int = 1
     pp: int = 1
@@ -140,6 +140,9 @@ class ParallelConfig:
     # Expert parallel: a mixture of experts' experts split over this many data-parallel ranks (carved from the
     # innermost ranks of parallel.dp_shard, or of parallel.dp under zero=0); 1 = every rank holds every expert.
     ep: int = 1
+    # Context parallel: each sequence split over this many ranks (two load-balanced chunks each), attention exact
+    # over the whole sequence (keys and values all-gathered); 1 = every rank holds whole sequences.
+    cp: int = 1
 
 
 # train.global_batch_size=null: the same samples per step for any layout (16 sequences: gpt-tiny's demo on a CPU).

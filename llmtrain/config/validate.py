@@ -164,16 +164,24 @@ def _validate_moe(cfg: DictConfig) -> None:
 
 def _validate_parallel(cfg: DictConfig) -> None:
     p, m = cfg.parallel, cfg.model
-    _positive(cfg, "parallel.tp", "parallel.pp", "parallel.virtual_stages")
-    world = world_size(cfg)
+    _positive(cfg, "parallel.tp", "parallel.pp", "parallel.virtual_stages", "parallel.cp")
+    world, cp = world_size(cfg), p.cp
     if p.dp is None:
-        _require(world % (p.tp * p.pp) == 0, "parallel.tp",
+        _require(world % (p.tp * p.pp * cp) == 0, "parallel.tp",
                  f"world size {world} (cluster.nnodes x cluster.nproc_per_node) is not divisible by "
-                 f"parallel.tp x parallel.pp = {p.tp * p.pp}")
+                 + (f"parallel.tp x parallel.pp x parallel.cp = {p.tp * p.pp * cp}" if cp > 1 else
+                    f"parallel.tp x parallel.pp = {p.tp * p.pp}"))
     _positive(cfg, "parallel.dp")
-    _require(p.dp * p.tp * p.pp == world, "parallel.dp",
-             f"dp x tp x pp = {p.dp} x {p.tp} x {p.pp} = {p.dp * p.tp * p.pp} must equal the world size "
-             f"cluster.nnodes x cluster.nproc_per_node = {cfg.cluster.nnodes} x {cfg.cluster.nproc_per_node} = {world}")
+    if cp > 1:
+        _require(p.dp * cp * p.tp * p.pp == world, "parallel.dp",
+                 f"dp x cp x tp x pp = {p.dp} x {cp} x {p.tp} x {p.pp} = {p.dp * cp * p.tp * p.pp} must equal the "
+                 f"world size cluster.nnodes x cluster.nproc_per_node = {cfg.cluster.nnodes} x "
+                 f"{cfg.cluster.nproc_per_node} = {world}")
+    else:
+        _require(p.dp * p.tp * p.pp == world, "parallel.dp",
+                 f"dp x tp x pp = {p.dp} x {p.tp} x {p.pp} = {p.dp * p.tp * p.pp} must equal the world size "
+                 f"cluster.nnodes x cluster.nproc_per_node = {cfg.cluster.nnodes} x {cfg.cluster.nproc_per_node} = "
+                 f"{world}")
 
     _require(m.n_heads % p.tp == 0, "parallel.tp", f"tp={p.tp} must divide model.n_heads={m.n_heads}")
     _require(m.d_model % p.tp == 0, "parallel.tp", f"tp={p.tp} must divide model.d_model={m.d_model}")
@@ -189,8 +197,10 @@ def _validate_parallel(cfg: DictConfig) -> None:
              f"the padded vocabulary ({m.vocab_size} rounded up to a multiple of {m.vocab_pad_multiple} = "
              f"{padded}) must be divisible by parallel.tp={p.tp}; use a vocab_pad_multiple divisible by tp")
     if p.sequence_parallel:
-        _require(m.seq_len % p.tp == 0, "parallel.sequence_parallel",
-                 f"sequence parallel needs model.seq_len={m.seq_len} divisible by parallel.tp={p.tp}")
+        _require(m.seq_len % (p.tp * cp) == 0, "parallel.sequence_parallel",
+                 f"sequence parallel needs model.seq_len={m.seq_len} divisible by parallel.tp={p.tp}"
+                 + (f" x parallel.cp={cp}" if cp > 1 else ""))
+    _validate_context_parallel(cfg)
 
     if p.dp_shard is not None:
         _require(p.dp_shard > 0 and p.dp % p.dp_shard == 0, "parallel.dp_shard",
@@ -225,6 +235,18 @@ def _validate_parallel(cfg: DictConfig) -> None:
         _require(m.n_layers % stages == 0, "parallel.pp",
                  f"model.n_layers={m.n_layers} is not divisible by pp x virtual_stages = {stages} "
                  "(give an explicit split with parallel.pp_layers)")
+
+
+def _validate_context_parallel(cfg: DictConfig) -> None:
+    p, m = cfg.parallel, cfg.model
+    if p.cp == 1:
+        return
+    _require(m.seq_len % (2 * p.cp) == 0, "parallel.cp",
+             f"cp={p.cp} splits each sequence into 2 x cp = {2 * p.cp} equal chunks: model.seq_len={m.seq_len} "
+             f"is not divisible by {2 * p.cp}")
+    _require(m.moe is None, "parallel.cp",
+             f"cp={p.cp} with a mixture of experts is not supported yet: its balancing loss needs every token of "
+             "a sequence on one rank; use parallel.cp=1 for model.moe")
 
 
 def _validate_expert_parallel(cfg: DictConfig) -> None:

@@ -29,10 +29,12 @@ def inverse_frequencies(head_dim: int, theta: float, scaling=None) -> torch.Tens
     return torch.where(medium, smoothed, scaled)
 
 
-def cos_sin(inv_freq: torch.Tensor, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(cos, sin), each (seq_len, head_dim) in fp32, for positions 0..seq_len-1."""
-    positions = torch.arange(seq_len, device=inv_freq.device, dtype=torch.float)
-    freqs = positions[:, None] * inv_freq.float()
+def cos_sin(inv_freq: torch.Tensor, seq_len: int,
+            positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, sin), each (seq_len, head_dim) in fp32, for positions 0..seq_len-1 (or the given `positions`)."""
+    if positions is None:
+        positions = torch.arange(seq_len, device=inv_freq.device)
+    freqs = positions.to(device=inv_freq.device, dtype=torch.float)[:, None] * inv_freq.float()
     angles = torch.cat((freqs, freqs), dim=-1)
     return angles.cos(), angles.sin()
 

@@ -1,5 +1,5 @@
 """Build this rank's share of the model: meta-device GPT or Llama -> pipeline split -> float8 layers (precision=fp8) ->
-tensor parallel -> expert parallel -> recompute -> compile -> FSDP2 -> materialize on the device -> layout-independent init
+tensor parallel -> expert and context parallel -> recompute -> compile -> FSDP2 -> materialize on the device -> layout-independent init
 (torchtitan's order: float8 before TP, TP before FSDP, init after sharding)."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from torch.distributed.tensor.parallel import loss_parallel
 from llmtrain.config.derived import Derived, torch_dtype
 from llmtrain.model import build_model, init_parameters
 from llmtrain.model.registry import family_of
+from llmtrain.parallel.context_parallel import apply_context_parallel, set_token_positions
 from llmtrain.parallel.data_parallel import apply_data_parallel
 from llmtrain.parallel.expert_parallel import apply_expert_parallel, scale_expert_gradients
 from llmtrain.parallel.float8 import Float8Training
@@ -148,6 +149,8 @@ def build_parallel_model(cfg: DictConfig, dims: ParallelDims, mesh: Meshes, devi
             apply_tensor_parallel(part, family_of(cfg.model), mesh.tp, pp.sequence_parallel, float8_styles)
         if dims.ep > 1:
             apply_expert_parallel(part, mesh.ep)
+        if dims.cp > 1:
+            apply_context_parallel(part, mesh.cp, cfg.model.seq_len)
         apply_recompute(part, cfg.recompute.mode, cfg.recompute.every)
         if cfg.train.compile:
             for block in part.layers.values():
@@ -160,6 +163,8 @@ def build_parallel_model(cfg: DictConfig, dims: ParallelDims, mesh: Meshes, devi
         part.to_empty(device=device)
         part.tie_weights()
         init_parameters(part, cfg.train.seed, cfg.model.init_std, cfg.model.n_layers, pretrained)
+        if dims.cp > 1:
+            set_token_positions(part, mesh.cp, cfg.model.seq_len, device)
         return part
 
     if dims.pp == 1:
@@ -202,15 +207,15 @@ def _tied_group(mesh: Meshes, dims: ParallelDims, pp) -> dist.ProcessGroup | Non
     if first == last:
         return _SAME_RANK
     # Every rank creates every pair's group, in the same order (new_group's contract); each keeps its own.
-    world = mesh.world.mesh  # global ranks, shape (dp_replicate, dp_shard, pp, tp)
+    names = mesh.world.mesh_dim_names
+    # Global ranks with the pp axis last: each row is one (dp, cp, tp) coordinate's pipeline.
+    pipelines = mesh.world.mesh.movedim(names.index("pp"), -1).reshape(-1, dims.pp)
     mine = None
-    for r in range(world.shape[0]):
-        for s in range(world.shape[1]):
-            for t in range(world.shape[3]):
-                pair = [int(world[r, s, first, t]), int(world[r, s, last, t])]
-                group = dist.new_group(pair)
-                if dist.get_rank() in pair:
-                    mine = group
+    for row in pipelines:
+        pair = [int(row[first]), int(row[last])]
+        group = dist.new_group(pair)
+        if dist.get_rank() in pair:
+            mine = group
     return mine
 
 

@@ -20,7 +20,7 @@ def apply_data_parallel(model: nn.Module, dp_mesh, dims: ParallelDims,
                         param_dtype: torch.dtype | None, reduce_dtype: torch.dtype, expert_dp_mesh=None) -> None:
     """`expert_dp_mesh`: with expert parallel, the ranks holding the same experts, which get a unit of their own
     (the experts are already DTensors over the ep mesh)."""
-    if dims.dp == 1:
+    if dims.dp * dims.cp == 1:
         return
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     reshard = dims.zero == 3

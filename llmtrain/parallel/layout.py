@@ -1,4 +1,4 @@
-"""The parallel layout as plain numbers: degrees and each rank's (dp, pp, tp) coordinates. No torch.distributed,
+"""The parallel layout as plain numbers: degrees and each rank's (dp, cp, pp, tp) coordinates. No torch.distributed,
 so the launcher's --dry-run and the planner can use it without a process group."""
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ class ParallelDims:
     zero: int
     # Expert parallel, carved from dp: each group of `ep` consecutive dp ranks splits a sparse block's experts.
     ep: int = 1
+    # Context parallel: cp ranks (between dp and pp in rank order) share each sample, each holding 1/cp of it.
+    cp: int = 1
 
     @property
     def dp_replicate(self) -> int:
@@ -25,7 +27,7 @@ class ParallelDims:
 
     @property
     def world_size(self) -> int:
-        return self.dp * self.pp * self.tp
+        return self.dp * self.cp * self.pp * self.tp
 
     @classmethod
     def from_config(cls, cfg) -> "ParallelDims":
@@ -34,7 +36,8 @@ class ParallelDims:
             dp_shard = 1  # replicate: every dp rank keeps everything, gradients are all-reduced
         else:
             dp_shard = p.dp_shard or p.dp
-        return cls(dp=p.dp, tp=p.tp, pp=p.pp, dp_shard=dp_shard, zero=p.zero, ep=p.get("ep", 1))
+        return cls(dp=p.dp, tp=p.tp, pp=p.pp, dp_shard=dp_shard, zero=p.zero, ep=p.get("ep", 1),
+                   cp=p.get("cp", 1))
 
     @property
     def expert_dp(self) -> int:
@@ -50,16 +53,19 @@ class ParallelDims:
     @property
     def degrees(self) -> str:
         """'dp=4 tp=1 pp=1', with ' ep=2' under expert parallel: how log lines name the layout."""
-        return f"dp={self.dp} tp={self.tp} pp={self.pp}" + (f" ep={self.ep}" if self.ep > 1 else "")
+        return (f"dp={self.dp} tp={self.tp} pp={self.pp}" + (f" cp={self.cp}" if self.cp > 1 else "")
+                + (f" ep={self.ep}" if self.ep > 1 else ""))
 
     def coords(self, rank: int) -> dict[str, int]:
-        """Rank order is (dp_replicate, dp_shard, pp, tp) with tp fastest, so a TP group sits on one node's
-        fast links, then pipeline stages, then data-parallel replicas across nodes."""
+        """Rank order is (dp_replicate, dp_shard, cp, pp, tp) with tp fastest, so a TP group sits on one node's
+        fast links, then pipeline stages, then the ranks sharing a sequence, then data-parallel replicas across
+        nodes."""
         tp = rank % self.tp
         pp = (rank // self.tp) % self.pp
-        dp = rank // (self.tp * self.pp)
+        cp = (rank // (self.tp * self.pp)) % self.cp
+        dp = rank // (self.tp * self.pp * self.cp)
         return {"rank": rank, "dp": dp, "dp_replicate": dp // self.dp_shard, "dp_shard": dp % self.dp_shard,
-                "pp": pp, "tp": tp, "ep": dp % self.ep}
+                "cp": cp, "pp": pp, "tp": tp, "ep": dp % self.ep}
 
 
 def layers_per_stage(n_layers: int, num_stages: int, explicit: list[int] | None) -> list[int]:

@@ -13,8 +13,11 @@ from llmtrain.train.fault_injection import BLOCK_DATA, hang_here
 
 
 class DataFeed:
-    def __init__(self, cfg, device: torch.device, dp_rank: int, dp_size: int):
+    def __init__(self, cfg, device: torch.device, dp_rank: int, dp_size: int,
+                 positions: torch.Tensor | None = None):
+        """`positions`: under context parallel, the sequence positions of this rank's share of each sample."""
         self.t = cfg.train
+        self.positions = positions
         self.seq_len = int(cfg.model.seq_len)
         self.device = device
         self.dp_rank, self.dp_size = dp_rank, dp_size
@@ -61,6 +64,8 @@ class DataFeed:
         return self._to_device(x, y)
 
     def _to_device(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.positions is not None:
+            x, y = x[:, self.positions], y[:, self.positions]
         if self.device.type == "cuda":
             # A copy from pageable memory waits for the GPU; from pinned memory it queues behind the running step.
             x, y = x.pin_memory(), y.pin_memory()

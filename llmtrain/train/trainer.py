@@ -25,6 +25,7 @@ from llmtrain.checkpoint.pretrained import configured_pretrained
 from llmtrain.parallel.build import ParallelModel, build_parallel_model
 from llmtrain.parallel.grad_norm import clip_grad_norm_
 from llmtrain.parallel.layout import ParallelDims
+from llmtrain.parallel.context_parallel import mesh_positions
 from llmtrain.parallel.mesh import build_mesh
 from llmtrain.train.bad_streak import last_good_state
 from llmtrain.train.loss_scale import DynamicLossScaler
@@ -91,6 +92,7 @@ class Trainer:
         self.dims = ParallelDims.from_config(cfg)
         self.mesh = build_mesh(self.dims, device.type)
         self.dp_group = self.mesh.dp.get_group()
+        self.batch_group = self.mesh.batch.get_group()  # dp x cp: the ranks holding different tokens
         self.dp_rank = self.mesh.dp.get_local_rank()
         self.pp_group = self.mesh.pp.get_group()
         for name in ("dp_replicate", "dp_shard", "pp", "tp", "dp"):  # "dp" last: it may be one of the others
@@ -106,7 +108,7 @@ class Trainer:
         p = cfg.precision
         self.scaler = DynamicLossScaler(p.init_scale, p.growth_factor, p.backoff_factor, p.growth_interval,
                                         enabled=p.name == "fp16")
-        self.feed = DataFeed(cfg, device, self.dp_rank, self.dims.dp)
+        self.feed = DataFeed(cfg, device, self.dp_rank, self.dims.dp, mesh_positions(self.mesh.cp, cfg.model.seq_len))
         self.accum = Derived.of(cfg).micro_batches
         self.profiler = StepProfiler(cfg.profile.steps, RunPaths(run_dir).profile, self.rank, device)
         # Step, data position, loss scaler, mixture history, training time: what a checkpoint restores.
@@ -282,12 +284,12 @@ class Trainer:
                  f"rank{scale}", flush=True)
 
     def global_mean_loss(self, local_loss: torch.Tensor) -> torch.Tensor:
-        """Loss averaged over dp; under pp only the last stage has it, so sum over the pp group first."""
+        """Loss averaged over dp x cp (equal shares of tokens); under pp only the last stage has it, so sum over the pp group first."""
         loss = local_loss.detach().float().clone()
         if self.dims.pp > 1:
             dist.all_reduce(loss, group=self.pp_group)
-        if self.dims.dp > 1:
-            dist.all_reduce(loss, op=dist.ReduceOp.AVG, group=self.dp_group)
+        if self.dims.dp * self.dims.cp > 1:
+            dist.all_reduce(loss, op=dist.ReduceOp.AVG, group=self.batch_group)
         return loss
 
     def evaluate(self) -> EvalResult:

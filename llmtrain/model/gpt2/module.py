@@ -103,9 +103,14 @@ class Embedding(nn.Module):
         self.tok = nn.Embedding(args.vocab_size, args.d_model)
         self.pos = nn.Embedding(args.seq_len, args.d_model)
         self.drop = nn.Dropout(args.dropout)
+        # The positions of the tokens it embeds, when they are not 0..t-1 (a rank holding other parts of the
+        # sequence sets them); None: 0..t-1.
+        self.token_positions: torch.Tensor | None = None
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(idx.shape[1], device=idx.device)
+        positions = self.token_positions
+        if positions is None:
+            positions = torch.arange(idx.shape[1], device=idx.device)
         return self.drop(self.tok(idx) + self.pos(positions))
 
 

@@ -67,6 +67,9 @@ class Rotary(nn.Module):
         super().__init__()
         self.head_dim, self.theta, self.scaling = args.head_width, args.rope_theta, args.rope_scaling
         self.register_buffer("inv_freq", self._frequencies(), persistent=False)
+        # The positions of the tokens this module sees, when they are not 0..t-1 (a rank holding other parts of
+        # the sequence sets them); None: 0..t-1.
+        self.token_positions: torch.Tensor | None = None
 
     def _frequencies(self) -> torch.Tensor:
         return inverse_frequencies(self.head_dim, self.theta, self.scaling)
@@ -77,7 +80,7 @@ class Rotary(nn.Module):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # Computed here, from q's length: under sequence parallel only attention sees the whole sequence.
-        cos, sin = cos_sin(self.inv_freq.to(q.device), q.shape[2])
+        cos, sin = cos_sin(self.inv_freq.to(q.device), q.shape[2], self.token_positions)
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
 
 
