@@ -244,9 +244,9 @@ def _validate_context_parallel(cfg: DictConfig) -> None:
     _require(m.seq_len % (2 * p.cp) == 0, "parallel.cp",
              f"cp={p.cp} splits each sequence into 2 x cp = {2 * p.cp} equal chunks: model.seq_len={m.seq_len} "
              f"is not divisible by {2 * p.cp}")
-    _require(m.moe is None, "parallel.cp",
-             f"cp={p.cp} with a mixture of experts is not supported yet: its balancing loss needs every token of "
-             "a sequence on one rank; use parallel.cp=1 for model.moe")
+    _require(p.get("ep", 1) == 1, "parallel.cp",
+             f"cp={p.cp} with expert parallel (parallel.ep={p.get('ep', 1)}) is not supported yet: the experts "
+             "would need their gradients averaged over the cp ranks too; use one of them")
 
 
 def _validate_expert_parallel(cfg: DictConfig) -> None:

@@ -8,19 +8,28 @@ sequence order, and attends each local query chunk to the keys up to its own end
 the chunk's place (torch's causal_lower_right, which the fused kernels take). The backward of the gather
 reduce-scatters the keys' and values' gradients back to their ranks.
 
-The model does not know: its attention core is swapped for this one, and the modules that read positions (rotary
-q/k, GPT-2's learned embedding) are given the rank's positions. The trainer slices each micro-batch's inputs and
+The model does not know: its attention core is swapped for this one, the modules that read positions (rotary
+q/k, GPT-2's learned embedding) are given the rank's positions, and a mixture of experts' balancing loss is given
+a sum over the group (its token shares and mean probabilities are then the whole micro-batch's: every rank
+computes the same loss, and FSDP2's mean over the group of each rank's gradient, which the sum's backward makes
+cp times its share, is the whole gradient). The trainer slices each micro-batch's inputs and
 targets to the same positions; the loss of equal shares averages to the whole sequence's over the dp x cp ranks.
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
+import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
+import torch.distributed.nn.functional as dist_nn
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.nn.attention.bias import causal_lower_right
+
+from llmtrain.model.moe import moe_modules
 
 
 def chunk_bounds(seq_len: int, cp: int, rank: int) -> list[tuple[int, int]]:
@@ -75,10 +84,19 @@ class ContextParallelCore:
 
 
 def apply_context_parallel(model: nn.Module, cp_mesh: DeviceMesh, seq_len: int) -> None:
-    """Swap every block's attention core; before recompute, which then wraps this core."""
+    """Swap every block's attention core (before recompute, which then wraps this core), and give every mixture
+    of experts the sum over the cp group its balancing loss takes over the whole sequence."""
+    group = cp_mesh.get_group()
     for block in model.layers.values():
         attn = block.attn
         attn.core = ContextParallelCore(cp_mesh, seq_len, getattr(attn, "dropout", 0.0), attn)
+    for moe in moe_modules(model):
+        moe.sequence_sum = functools.partial(_sum_over, group=group)
+
+
+def _sum_over(t: torch.Tensor, group) -> torch.Tensor:
+    # Differentiable: every rank gets the sum, and in backward every rank's gradient is summed back.
+    return dist_nn.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
 
 
 def mesh_positions(cp_mesh: DeviceMesh | None, seq_len: int) -> torch.Tensor | None:

@@ -44,11 +44,12 @@ def ep_metrics(tokens: list[list[int]], ep: int) -> dict:
 
 
 def _reduce_group(mesh, dims) -> dist.ProcessGroup | None:
-    """The ranks that hold different tokens (dp) or different layers (pp) at this rank's tp coordinate."""
-    if dims.dp > 1 and dims.pp > 1:
-        return mesh.world["dp_replicate", "dp_shard", "pp"]._flatten("dp_pp").get_group()
-    if dims.dp > 1:
-        return mesh.dp.get_group()
+    """The ranks that hold different tokens (dp, cp) or different layers (pp) at this rank's tp coordinate."""
+    if dims.dp * dims.cp > 1 and dims.pp > 1:
+        names = tuple(n for n in mesh.world.mesh_dim_names if n != "tp")  # adjacent: tp is the last dimension
+        return mesh.world[names]._flatten("tokens_pp").get_group()
+    if dims.dp * dims.cp > 1:
+        return mesh.batch.get_group()
     if dims.pp > 1:
         return mesh.pp.get_group()
     return None

@@ -131,6 +131,15 @@ def test_checkpoint_resumes_under_another_layout(saved_as, nproc, overrides, ref
                       steps=range(6, 11))
 
 
+def test_context_parallel_sums_the_balancing_loss_over_the_sequence(reference, tmp_path):
+    """cp2: each rank holds half of every sequence; the balancing loss's token shares and mean probabilities are
+    summed over both, so loss, aux_loss and routing equal one process's. Five steps: after them, with bias
+    balancing on, a router score within rounding of a tie may pick the other expert (the attention over gathered
+    keys rounds differently), and the bias then moves another way."""
+    rows = train(tmp_path / "cp2", *MOE, "cluster.nproc_per_node=2", "parallel.cp=2", "train.stop_at_step=5")
+    assert_moe_parity(rows, reference, "moe cp2", steps=range(1, 6))
+
+
 def test_compiled_steps_match_eager(reference, tmp_path):
     """train.compile=true in one process: each block compiled, the sparse blocks' per-expert loop left eager
     (its slices' sizes change every step). Its first 3 steps equal eager's to 1e-5 (over 10 steps the

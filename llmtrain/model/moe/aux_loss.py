@@ -16,12 +16,18 @@ from __future__ import annotations
 import torch
 
 
-def load_balancing_loss(probs: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
-    """`probs` (n, E) fp32, `experts` (n, k) the chosen experts. Differentiable through `probs` only."""
+def load_balancing_loss(probs: torch.Tensor, experts: torch.Tensor, total=None) -> torch.Tensor:
+    """`probs` (n, E) fp32, `experts` (n, k) the chosen experts. Differentiable through `probs` only. `total`:
+    when other ranks hold the rest of these sequences' tokens, a differentiable sum over them, so that f and P are
+    the whole micro-batch's (None: this rank holds every token)."""
     n, n_experts = probs.shape
     flat = experts.reshape(-1)
     counts = probs.new_zeros(n_experts).scatter_add_(0, flat, torch.ones_like(flat, dtype=probs.dtype))
-    return n_experts * torch.sum((counts / n) * probs.mean(dim=0))
+    sums = torch.cat([counts, probs.sum(dim=0), probs.new_full((1,), n)])
+    if total is not None:
+        sums = total(sums)
+    counts, prob_sums, tokens = sums[:n_experts], sums[n_experts:-1], sums[-1]
+    return n_experts * torch.sum((counts / tokens) * (prob_sums / tokens))
 
 
 def z_loss(logits: torch.Tensor) -> torch.Tensor:

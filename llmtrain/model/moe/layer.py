@@ -44,6 +44,9 @@ class MoE(nn.Module):
         self.register_buffer("aux_sum", torch.zeros((), dtype=torch.float32), persistent=False)
         self.register_buffer("z_sum", torch.zeros((), dtype=torch.float32), persistent=False)
         self.register_buffer("calls", torch.zeros((), dtype=torch.int64), persistent=False)
+        # Set from outside when other ranks hold the rest of each sequence (context parallel): a differentiable
+        # sum over them, so the balancing loss sees the whole micro-batch's tokens as one process does.
+        self.sequence_sum = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
@@ -57,7 +60,7 @@ class MoE(nn.Module):
         out = combine(self.experts(sorted_x, dispatch.counts, grouped), dispatch, routing.weights.to(x.dtype))
         if self.shared is not None:
             out = out + self.shared(tokens)
-        balance = load_balancing_loss(routing.probs, routing.experts)
+        balance = load_balancing_loss(routing.probs, routing.experts, self.sequence_sum)
         z = z_loss(logits)
         self._count(dispatch.counts, balance, z)
         if torch.is_grad_enabled() and (a.router_aux_loss_coef or a.router_z_loss_coef):
