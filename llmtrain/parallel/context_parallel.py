@@ -79,8 +79,13 @@ class ContextParallelCore:
 
     def _whole(self, t: torch.Tensor) -> torch.Tensor:
         """(b, heads, local, d) -> (b, heads, seq_len, d) in sequence order."""
-        gathered = funcol.all_gather_tensor_autograd(t.contiguous(), gather_dim=2, group=self.group)
-        return gathered.index_select(2, self.order.to(t.device))
+        gathered = gather_sequence(t.permute(2, 0, 1, 3), self.group)  # torch gathers along dim 0 only
+        return gathered.index_select(0, self.order.to(t.device)).permute(1, 2, 0, 3)
+
+
+def gather_sequence(t: torch.Tensor, group) -> torch.Tensor:
+    """Every rank's `t` concatenated along dim 0, rank after rank; backward reduce-scatters the gradient."""
+    return funcol.wait_tensor(funcol.all_gather_single_autograd(t.contiguous(), 0, group))
 
 
 def apply_context_parallel(model: nn.Module, cp_mesh: DeviceMesh, seq_len: int) -> None:

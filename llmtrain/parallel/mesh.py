@@ -11,13 +11,13 @@ MESH_DIMS = ("dp_replicate", "dp_shard", "pp", "tp")
 
 class Meshes:
     """The 4-D mesh (dp_replicate, dp_shard, pp, tp), built even when only dp > 1 so every layout goes through
-    the same code, plus the flattened 'dp' mesh over all data-parallel ranks (data sharding).
+    the same code: `dp_2d`, its (replicate, shard) data-parallel part, is FSDP2's mesh; `dp`, the ranks reading
+    different samples, cuts the data; `batch`, the ranks holding different tokens, averages the loss.
 
-    With context parallel (cp > 1) a `cp` dimension sits between dp and pp: its ranks share each sample, so
-    parameters are replicated or ZeRO-sharded over dp x cp (`dp_2d`, FSDP2's mesh) and the loss is averaged over
-    `batch`, the flattened dp x cp ranks, while the data is cut by `dp` alone. Under zero=0 (shard group 1) the cp
-    dimension is listed before dp_shard, which places the ranks the same, so that the replicated ranks flatten
-    into one adjacent run; under zero 2/3 after it, so that FSDP2's shard group is dp_shard x cp.
+    With context parallel (cp > 1) the cp ranks share each sample and the parameters, so they are folded into the
+    world's data-parallel dimensions (the innermost cp ranks of dp_shard under zero 2/3, where FSDP2 shards over
+    dp_shard x cp; of dp_replicate under zero=0, whose shard group is 1), and an unflattened copy of the world
+    names them apart: `cp` the ranks of one sample, `dp` the others.
 
     With expert parallel (ep > 1) the innermost ep ranks of dp_shard (of dp_replicate under zero=0) form the `ep`
     mesh that splits the experts, and `expert_dp` the (replicate, shard) mesh of the ranks holding the same
@@ -25,37 +25,32 @@ class Meshes:
     FSDP2 needs its mesh and the experts' ep mesh to share a root."""
 
     def __init__(self, dims: ParallelDims, device_type: str):
-        sizes = {"dp_replicate": dims.dp_replicate, "dp_shard": dims.dp_shard, "cp": dims.cp, "pp": dims.pp,
-                 "tp": dims.tp}
-        if dims.cp == 1:
-            names = MESH_DIMS
-        elif dims.zero:
-            names = ("dp_replicate", "dp_shard", "cp", "pp", "tp")
-        else:
-            names = ("dp_replicate", "cp", "dp_shard", "pp", "tp")
-        self.world = init_device_mesh(device_type, tuple(sizes[n] for n in names), mesh_dim_names=names)
+        cp = dims.cp
+        replicate, shard = (dims.dp_replicate, dims.dp_shard * cp) if dims.zero else (dims.dp_replicate * cp, 1)
+        self.world = init_device_mesh(device_type, (replicate, shard, dims.pp, dims.tp), mesh_dim_names=MESH_DIMS)
+        self.dp_2d = self.world["dp_replicate", "dp_shard"]
         self.pp = self.world["pp"]
         self.tp = self.world["tp"]
         self.cp: DeviceMesh | None = None
-        if dims.cp == 1:
-            self.dp_2d = self.world["dp_replicate", "dp_shard"]
+        if cp == 1:
             self.dp = self.dp_2d._flatten("dp")
             self.batch = self.dp
         else:
-            self.cp = self.world["cp"]
-            self.dp = (self.world["dp_replicate", "dp_shard"] if dims.zero else self.world["dp_replicate"])._flatten("dp")
-            self.batch = self.world["dp_replicate", "dp_shard", "cp"]._flatten("dp_cp") if dims.zero else \
-                self.world["dp_replicate", "cp", "dp_shard"]._flatten("dp_cp")
-            if dims.zero:
-                self.world["dp_shard", "cp"]._flatten("dp_shard_cp")
-                self.dp_2d = self.world["dp_replicate", "dp_shard_cp"]
-            else:
-                self.world["dp_replicate", "cp"]._flatten("dp_replicate_cp")
-                self.dp_2d = self.world["dp_replicate_cp", "dp_shard"]
+            self.batch = self.dp_2d._flatten("dp_cp")
+            self.dp, self.cp = _context_meshes(self.world, dims)
         self.ep: DeviceMesh | None = None
         self.expert_dp: DeviceMesh | None = None
         if dims.ep > 1:
             self.ep, self.expert_dp = _expert_meshes(self.world, dims)
+
+
+def _context_meshes(world: DeviceMesh, dims: ParallelDims) -> tuple[DeviceMesh, DeviceMesh]:
+    """(dp, cp): the ranks reading different samples, and the ranks sharing this rank's samples."""
+    if dims.zero:
+        split = world._unflatten("dp_shard", (dims.dp_shard, dims.cp), ("data_shard", "cp"))
+        return split["dp_replicate", "data_shard"]._flatten("dp"), split["cp"]
+    split = world._unflatten("dp_replicate", (dims.dp_replicate, dims.cp), ("data_replicate", "cp"))
+    return split["data_replicate", "dp_shard"]._flatten("dp"), split["cp"]
 
 
 def _expert_meshes(world: DeviceMesh, dims: ParallelDims) -> tuple[DeviceMesh, DeviceMesh]:
