@@ -33,8 +33,21 @@ def config_diff(old: DictConfig, new: DictConfig) -> list[tuple[str, object, obj
             if a.get(k, "<absent>") != b.get(k, "<absent>") and not k.startswith(IGNORED)]
 
 
+def check_positions(old: DictConfig, new: DictConfig, path: str) -> None:
+    """A position table (gpt2) holds model.seq_len rows: refused in one line naming model.seq_len when it differs."""
+    spec = family_of(new.model)
+    if family_of(old.model) is not spec or not spec.learned_positions or old.model.seq_len == new.model.seq_len:
+        return
+    raise CheckpointUsageError(LENGTH_KEY, f"resuming {path} with model.seq_len {old.model.seq_len} -> "
+                                           f"{new.model.seq_len}: model.arch={new.model.arch} learns a position table of "
+                                           f"{old.model.seq_len} rows, which cannot grow or shrink; keep "
+                                           f"model.seq_len={old.model.seq_len} (a model with rotary positions, "
+                                           "e.g. model.arch=llama, may change it)")
+
+
 def check_resumable(old: DictConfig, new: DictConfig, path: str) -> list[tuple[str, object, object]]:
     """The differences; raises CheckpointUsageError when a shape-defining key differs."""
+    check_positions(old, new, path)
     diff = config_diff(old, new)
     keys = shape_keys(new) if family_of(old.model) is family_of(new.model) else SHAPE_KEYS
     shape = [(k, x, y) for k, x, y in diff if k in keys]
@@ -70,3 +83,28 @@ def mixture_change(before: list[dict], after: list[dict]) -> str:
     parts += [f"+ {name} (new, weight {source.get('weight')})" for name, source in new.items() if name not in old]
     what = ", ".join(parts) or "the same sources in another order"
     return f"{what}; the stream continues from the samples each source has consumed"
+
+
+def context_change(old: DictConfig, new: DictConfig) -> str | None:
+    """One line for a resume at another context length or with other rotary settings (model.seq_len,
+    model.rope_*): what changed, that the weights load as saved, and where the data goes on; None when neither
+    changed. Rotary positions have no weights, so only a position table (check_positions) fixes the length."""
+    before, after = to_plain(old.model), to_plain(new.model)
+    keys = [LENGTH_KEY] + [f"model.{k}" for k in sorted(set(before) | set(after)) if k.startswith("rope_")]
+    changes = [f"{k} {_short(before.get(k[6:]))} -> {_short(after.get(k[6:]))}" for k in keys
+               if before.get(k[6:]) != after.get(k[6:])]
+    if not changes:
+        return None
+    a, b = int(before["seq_len"]), int(after["seq_len"])
+    kind = "context extension" if b > a else "shorter context" if b < a else "rotary settings changed"
+    data = "the data goes on from the checkpoint's sample count" + (f", in windows of {b} tokens cut anew"
+                                                                     if a != b else "")
+    return (f"{kind}: {', '.join(changes)}; the weights load as saved; {data} "
+            "(docs/models.md#long-context-training)")
+
+
+def _short(value) -> str:
+    """A rope_scaling section as `{factor: 8.0, ...}`, anything else as str()."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {v}" for k, v in value.items()) + "}"
+    return str(value)

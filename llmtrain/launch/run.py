@@ -57,9 +57,10 @@ def raise_preempt(signum, frame) -> None:
 def layout_table(cfg: DictConfig) -> Table:
     dims = ParallelDims.from_config(cfg)
     experts = f", ep={dims.ep} (carved from dp)" if dims.ep > 1 else ""
-    table = fold_table(f"rank layout: dp={dims.dp} (replicate {dims.dp_replicate} x shard {dims.dp_shard}) "
+    context = f" x cp={dims.cp}" if dims.cp > 1 else ""
+    table = fold_table(f"rank layout: dp={dims.dp} (replicate {dims.dp_replicate} x shard {dims.dp_shard}){context} "
                        f"x pp={dims.pp} x tp={dims.tp}, zero={dims.zero}{experts}", expand=False)
-    dims_shown = ("dp", "pp", "tp") + (("ep",) if dims.ep > 1 else ())
+    dims_shown = ("dp",) + (("cp",) if dims.cp > 1 else ()) + ("pp", "tp") + (("ep",) if dims.ep > 1 else ())
     for col in ("rank", "node", "local rank", *dims_shown):
         table.add_column(col, justify="right")
     nproc = cfg.cluster.nproc_per_node
@@ -134,7 +135,7 @@ def check_resume(cfg: DictConfig, console: Console, origins: dict[str, str] | No
     when it would start a different run in run.dir, and what differs from the checkpoint's config. `origins`
     (compose_here's): a run moved aside takes back the default global batch instead of its checkpoint's."""
     from llmtrain.checkpoint import store
-    from llmtrain.checkpoint.diff import check_resumable, describe_change
+    from llmtrain.checkpoint.diff import check_positions, check_resumable, context_change, describe_change
     from llmtrain.config import load_run_config
     from llmtrain.data.identity import data_changes
 
@@ -144,6 +145,8 @@ def check_resume(cfg: DictConfig, console: Console, origins: dict[str, str] | No
     if path is not None:
         store.verify(path)
         old = load_run_config(os.path.join(path, "config.yaml"))
+        if not cfg.run.overwrite:  # said as itself, not as the new run in run.dir it would otherwise be
+            check_positions(old, cfg, path)
     why, aside = run_identity.conflict(cfg, run_dir, path, old)
     if why:
         say(run_identity.refuse_or_move_aside(cfg, run_dir, why, aside), console=console)
@@ -165,6 +168,9 @@ def check_resume(cfg: DictConfig, console: Console, origins: dict[str, str] | No
     data = data_changes((store.read_meta(path) or {}).get("data"), cfg.data)
     if data:  # allowed here: a checkpoint of another run directory (or an older one) resumed on purpose
         plain(f"  {run_identity.data_key(cfg)}: other data than the checkpoint's: {data}", console=console)
+    context = context_change(old, probe)
+    if context:  # after the list it sums up
+        say(context, console=console)
     return resolution
 
 
