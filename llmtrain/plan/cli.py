@@ -1,4 +1,4 @@
-"""`llmtrain plan [OVERRIDES] [--json] [--suggest N_GPUS GIB]`: what the composed config costs, before launch."""
+"""`llmtrain plan [OVERRIDES] [--json] [--suggest [N_GPUS GIB]]`: what the composed config costs, before launch."""
 
 from __future__ import annotations
 
@@ -14,19 +14,22 @@ from llmtrain.hardware import profiles as hardware
 from llmtrain.plan import calibration, fit_change
 from llmtrain.plan.estimate import build_plan
 from llmtrain.plan.params import active_params, stage_params
+from llmtrain.plan.search import expert_degrees
+from llmtrain.plan.suggest import suggest
 
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the plan as JSON (for scripts)")
-    parser.add_argument("--suggest", nargs=2, metavar=("N_GPUS", "GIB"), type=float, default=None,
-                        help="rank the layouts (tp, pp, zero, recompute; ep for a mixture of experts) that fit "
-                             "N_GPUS devices of GIB GiB")
+    parser.add_argument("--suggest", nargs="*", metavar="N_GPUS GIB", type=float, default=None,
+                        help="rank the layouts (tp, pp, cp, zero, recompute, micro-batch; ep for a mixture of "
+                             "experts) that fit the config's devices and the hardware profile's memory, or N_GPUS "
+                             "devices of GIB GiB")
 
 
-def plan_for(cfg, memory_gib: float | None = None, calibrated: bool = True):
-    """The plan of `cfg`; its step time with the factors `llmtrain tune` fitted for this hardware profile and model
-    family when there are any (calibrated=False: the profile's assumptions). A CPU without a given peak is timed at
-    its matmul speed measured now, and its plan has no MFU."""
+def plan_hardware(cfg, calibrated: bool = True) -> tuple[float, dict]:
+    """(the speed a step is timed at, in TFLOPS; the hardware profile, with the factors `llmtrain tune` fitted for
+    it and the model family when there are any (calibrated=False: the profile's assumptions)). A CPU without a
+    given peak is timed at its matmul speed measured now, and its plan has no MFU."""
     hw = hardware.resolve(cfg.hardware, cfg.precision.compute_dtype, hardware.load_profile)
     speed = hw["peak_tflops"]
     if speed is None and hw["name"] == "cpu":
@@ -37,6 +40,13 @@ def plan_for(cfg, memory_gib: float | None = None, calibrated: bool = True):
     found = calibration.lookup(hw["name"], calibration.family(cfg.model)) if calibrated else None
     if found is not None:
         hw = {**hw, "efficiency": found.efficiency, "comm_factor": found.comm_factor, "calibration": found.line()}
+    return speed, hw
+
+
+def plan_for(cfg, memory_gib: float | None = None, calibrated: bool = True):
+    """The plan of `cfg` (plan_hardware's speed and profile); against `memory_gib` per device when given, else the
+    profile's memory."""
+    speed, hw = plan_hardware(cfg, calibrated)
     memory = memory_gib if memory_gib is not None else hw["memory_gib"]
     return build_plan(cfg, speed * 1e12, memory * 2**30 if memory else None, hw)
 
@@ -95,8 +105,9 @@ def render(plan, console: Console) -> None:
     rows = [
         ("parameters", f"{plan.params_total:,} ({plan.params_non_embedding:,} non-embedding)"),
         *((("active parameters", active),) if active else ()),
-        ("layout", f"dp={d['dp']} (shard {d['dp_shard']}) tp={d['tp']} pp={d['pp']} x v{d['virtual_stages']} "
-                   f"ep={d['ep']} zero={d['zero']} schedule={d['schedule']} recompute={d['recompute']}"
+        ("layout", f"dp={d['dp']} (shard {d['dp_shard']}) cp={d['cp']} tp={d['tp']} pp={d['pp']} "
+                   f"x v{d['virtual_stages']} ep={d['ep']} zero={d['zero']} schedule={d['schedule']} "
+                   f"recompute={d['recompute']}"
                    + (f"/every {d['recompute_every']}" if d['recompute_every'] > 1 else "")
                    + (" +sp" if d['sequence_parallel'] else "")),
         ("world size", str(plan.world_size)),
@@ -134,15 +145,6 @@ def render(plan, console: Console) -> None:
         plain(no_mfu_line(plan), console=console)
 
 
-def expert_degrees(cfg, dp: int) -> list[int]:
-    """The ep a layout with `dp` data-parallel ranks may take: for a mixture of experts every divisor of
-    model.moe.n_experts that divides dp (validate() has the last word); 1 for a dense model."""
-    moe = cfg.model.moe
-    if moe is None:
-        return [1]
-    return [ep for ep in range(1, dp + 1) if dp % ep == 0 and moe.n_experts % ep == 0]
-
-
 def layouts(cfg, n_gpus: int, per_node: int):
     """(tp, pp, zero, recompute, ep) of every layout for n_gpus devices, per_node of them on each node: tp within
     a node, pp dividing the layers, every zero and recompute, and a mixture of experts' ep (expert_degrees)."""
@@ -160,12 +162,13 @@ def layouts(cfg, n_gpus: int, per_node: int):
                         yield tp, pp, zero, recompute, ep
 
 
-def set_layout(c, n_gpus: int, per_node: int, tp: int, pp: int, zero: int, recompute: str, ep: int = 1) -> None:
+def set_layout(c, n_gpus: int, per_node: int, tp: int, pp: int, zero: int, recompute: str, ep: int = 1,
+               cp: int = 1) -> None:
     """Give config `c` (in place) a layout of `layouts`: dp the rest of the devices, sequence parallel with tp,
     the plain 1F1B schedule."""
     c.cluster.nproc_per_node, c.cluster.nnodes = per_node, n_gpus // per_node
-    c.parallel.tp, c.parallel.pp, c.parallel.zero, c.parallel.ep = tp, pp, zero, ep
-    c.parallel.dp, c.parallel.dp_shard, c.parallel.virtual_stages = n_gpus // (tp * pp), None, 1
+    c.parallel.tp, c.parallel.pp, c.parallel.zero, c.parallel.ep, c.parallel.cp = tp, pp, zero, ep, cp
+    c.parallel.dp, c.parallel.dp_shard, c.parallel.virtual_stages = n_gpus // (tp * pp * cp), None, 1
     c.parallel.pp_schedule, c.parallel.pp_layers = "1f1b", None
     c.parallel.sequence_parallel = tp > 1
     c.recompute.mode, c.recompute.every = recompute, 1
@@ -189,44 +192,13 @@ def candidates(cfg, n_gpus: int, per_node: int | None = None):
             yield c
 
 
-def suggest(cfg, n_gpus: int, gib: float, console: Console, as_json: bool) -> int:
-    fitting = []
-    for c in candidates(cfg, n_gpus):
-        plan = plan_for(c, memory_gib=gib)
-        if plan.fits:
-            fitting.append(plan)
-    fitting.sort(key=lambda p: -p.tokens_per_s)
-    if as_json:
-        print(json.dumps([p.to_dict() for p in fitting[:20]], indent=1, default=str))
-        return EXIT_OK if fitting else EXIT_FAILED
-    table = fold_table(f"layouts that fit {n_gpus} devices of {gib:g} GiB (global batch "
-                       f"{cfg.train.global_batch_size}, micro batch {cfg.train.micro_batch_size}), fastest first")
-    with_mfu = bool(fitting) and fitting[0].mfu is not None
-    with_ep = cfg.model.moe is not None
-    for col in ("tp", "pp", "dp", *(("ep",) if with_ep else ()), "zero", "recompute", "peak GiB", "est. tokens/s",
-                *(("est. MFU",) if with_mfu else ())):
-        table.add_column(col, justify="right")
-    for p in fitting[:15]:
-        d = p.dims
-        table.add_row(str(d["tp"]), str(d["pp"]), str(d["dp"]), *((str(d["ep"]),) if with_ep else ()), str(d["zero"]),
-                      d["recompute"], _gib(p.peak_bytes_per_rank), f"{p.tokens_per_s:,.0f}",
-                      *((f"~{p.mfu:.0%}",) if with_mfu else ()))
-    console.print(table if fitting else f"no layout of {n_gpus} devices fits in {gib:g} GiB per device; try "
-                                        "more devices, a smaller train.micro_batch_size or a shorter model.seq_len")
-    _, total, _ = stage_params(cfg)
-    plain(parameters_line(total, active_params(cfg, total)), console=console)
-    if fitting:
-        plain(f"estimates: {estimate_basis(fitting[0].hardware)}", console=console)
-        if not with_mfu:
-            plain(no_mfu_line(fitting[0]), console=console)
-    return EXIT_OK if fitting else EXIT_FAILED
-
-
 def run_plan(cfg, args) -> int:
     console = get_console()
-    if args.suggest:
-        n, gib = args.suggest
-        return suggest(cfg, int(n), gib, console, args.json)
+    if args.suggest is not None:
+        speed, hw = plan_hardware(cfg)
+        _, total, _ = stage_params(cfg)
+        return suggest(cfg, args.suggest, speed, hw, console, args.json,
+                       parameters_line(total, active_params(cfg, total)), estimate_basis(hw), no_mfu_line)
     plan = plan_for(cfg)
     change = None if plan.fits else smallest_fitting_change(cfg, plan)
     if args.json:

@@ -60,7 +60,8 @@ from __future__ import annotations
 from llmtrain.config.derived import DTYPE_BYTES, padded_vocab_size
 from llmtrain.config.fp8 import float8_tensor_parallel, float8_weights_per_block
 from llmtrain.plan.moe_memory import moe_saved_bytes
-from llmtrain.plan.params import BlockShape, block_shape, embedding_params
+from llmtrain.parallel.layout import ParallelDims
+from llmtrain.plan.params import BlockShape, StagePlan, block_shape, block_shapes, embedding_params
 
 FP32 = 4
 FP8 = 1
@@ -214,3 +215,34 @@ def rank_peak(*, state: float, grads: float, acts: float, micro: int, last: bool
         "blocks_backward": state + live - before_loss + held_weights + kept_logits + block_transient,
         "optimizer_step": state + grads + optimizer_temporaries,
     }
+
+
+def largest_block_param(shape: BlockShape, tp: int, ep: int = 1) -> float:
+    """Elements of one block's largest parameter on a tensor-parallel rank: an MLP matrix (split), or a sparse
+    block's experts' stacked matrices (the rank's E / ep experts, whole)."""
+    if shape.sparse:
+        return float(shape.experts // ep * shape.expert_ffn * shape.d_model)
+    return shape.ffn * shape.d_model / tp
+
+
+def moments(cfg, dims: ParallelDims, held: list[StagePlan], n_stages: int, micro: int, state: float,
+            grads: float, acts: float, block_transient: float, held_weights: float, cached_only: float) -> dict:
+    """One rank's memory at the four moments rank_peak describes."""
+    mb = cfg.train.micro_batch_size
+    m, tp = cfg.model, cfg.parallel.tp
+    holds_embedding = any(s.stage in (0, n_stages - 1) for s in held)
+    shapes = block_shapes(m)
+
+    def shard(sparse: bool) -> int:  # the optimizer updates its shard (the routed experts': over expert_dp_shard)
+        return 1 if dims.zero < 2 else dims.expert_dp_shard if sparse and dims.ep > 1 else dims.dp_shard
+
+    largest = max(largest_block_param(shapes[i], tp, dims.ep) / shard(shapes[i].sparse) for s in held
+                  for i in s.layers) if any(s.layers for s in held) else 0.0
+    if holds_embedding:
+        largest = max(largest, padded_vocab_size(m) * m.d_model / tp / shard(False))
+    return rank_peak(
+        state=state, grads=grads, acts=acts, micro=micro, last=any(s.stage == n_stages - 1 for s in held),
+        pipelined=cfg.parallel.pp > 1, held_weights=held_weights, cached_only=cached_only,
+        loss_output=fp32_logits_bytes(cfg, mb), logits=logits_bytes(cfg, mb),
+        loss_backward=loss_backward_bytes(cfg, mb), block_transient=block_transient,
+        optimizer_temporaries=optimizer_step_bytes(cfg, largest))

@@ -36,6 +36,7 @@ from llmtrain.config.fp8 import float8_all_gather, float8_tensor_parallel, float
 from llmtrain.config.schema import SINGLE_STAGE_SCHEDULES
 from llmtrain.parallel import layout as pp_lib
 from llmtrain.parallel.layout import ParallelDims
+from llmtrain.plan import context_parallel as cp_lib
 from llmtrain.plan import cuda_memory
 from llmtrain.plan import expert_parallel as ep_lib
 from llmtrain.plan.moe_memory import moe_saved_bytes
@@ -154,9 +155,10 @@ def float8_flops_per_token(cfg) -> float:
     return 6.0 * cfg.model.n_layers * float8_weights_per_block(cfg) * cfg.parallel.tp
 
 
-def state_bytes(cfg, dims: ParallelDims, params_per_rank: int, layers: int = 0) -> dict:
+def state_bytes(cfg, dims: ParallelDims, params_per_rank: int, layers: int = 0, replica_copies: bool = True) -> dict:
     """fp32 parameters, fp32 gradients, two fp32 AdamW moments; ZeRO shards them over the dp_shard group.
-    `layers`: the stage's blocks, whose float8 weights fp8 may gather in float8."""
+    `layers`: the stage's blocks, whose float8 weights fp8 may gather in float8. `replica_copies`: count the
+    unsharded copies FSDP2 makes under zero 0 (the CUDA model counts them as autocast's weight copies instead)."""
     shard = dims.dp_shard
     zero = dims.zero
     params = params_per_rank * 4 / (shard if zero == 3 else 1)
@@ -167,7 +169,8 @@ def state_bytes(cfg, dims: ParallelDims, params_per_rank: int, layers: int = 0) 
         params = params_per_rank * 4 / shard
     compute = BYTES[cfg.precision.compute_dtype]
     whole = params_per_rank * compute - float8_gather_saving(cfg, dims, layers)
-    if zero == 2 and dims.dp > 1:
+    if zero == 2 and dims.dp > 1 or zero == 0 and dims.dp > 1 and replica_copies:
+        # FSDP2 also replicates (zero 0, a shard group of 1) through unsharded copies, kept forward to backward
         gathered = whole
     elif zero == 3 and dims.dp > 1:
         gathered = 2 * whole / max(1, cfg.model.n_layers)  # ~two blocks at a time
@@ -176,13 +179,14 @@ def state_bytes(cfg, dims: ParallelDims, params_per_rank: int, layers: int = 0) 
     return {"params": params, "grads": grads, "optimizer": optim, "gathered_params": gathered}
 
 
-def stage_state_bytes(cfg, dims: ParallelDims, stage: StagePlan) -> dict:
+def stage_state_bytes(cfg, dims: ParallelDims, stage: StagePlan, replica_copies: bool = True) -> dict:
     """state_bytes of a stage's rank; under expert parallel its routed experts apart, in their own layout
     (expert_parallel.expert_dims; never float8)."""
     if dims.ep == 1 or not stage.expert_params_per_rank:
-        return state_bytes(cfg, dims, stage.params_per_rank, len(stage.layers))
-    rest = state_bytes(cfg, dims, stage.params_per_rank - stage.expert_params_per_rank, len(stage.layers))
-    experts = state_bytes(cfg, ep_lib.expert_dims(dims), stage.expert_params_per_rank)
+        return state_bytes(cfg, dims, stage.params_per_rank, len(stage.layers), replica_copies)
+    rest = state_bytes(cfg, dims, stage.params_per_rank - stage.expert_params_per_rank, len(stage.layers),
+                       replica_copies)
+    experts = state_bytes(cfg, ep_lib.expert_dims(dims), stage.expert_params_per_rank, 0, replica_copies)
     return {k: rest[k] + experts[k] for k in rest}
 
 
@@ -278,44 +282,20 @@ def comm_bytes(cfg, dims: ParallelDims, plan_stage: StagePlan, micro: int) -> di
     return out
 
 
-def largest_block_param(shape: BlockShape, tp: int, ep: int = 1) -> float:
-    """Elements of one block's largest parameter on a tensor-parallel rank: an MLP matrix (split), or a sparse
-    block's experts' stacked matrices (the rank's E / ep experts, whole)."""
-    if shape.sparse:
-        return float(shape.experts // ep * shape.expert_ffn * shape.d_model)
-    return shape.ffn * shape.d_model / tp
-
-
-def _cuda_moments(cfg, dims: ParallelDims, held: list[StagePlan], n_stages: int, micro: int, state: float,
-                  grads: float, acts: float, block_transient: float, held_weights: float, cached_only: float) -> dict:
-    """One rank's memory at the four moments cuda_memory.rank_peak describes."""
-    mb = cfg.train.micro_batch_size
-    m, tp = cfg.model, cfg.parallel.tp
-    holds_embedding = any(s.stage in (0, n_stages - 1) for s in held)
-    shapes = block_shapes(m)
-
-    def shard(sparse: bool) -> int:  # the optimizer updates its shard (the routed experts': over expert_dp_shard)
-        return 1 if dims.zero < 2 else dims.expert_dp_shard if sparse and dims.ep > 1 else dims.dp_shard
-
-    largest = max(largest_block_param(shapes[i], tp, dims.ep) / shard(shapes[i].sparse) for s in held
-                  for i in s.layers) if any(s.layers for s in held) else 0.0
-    if holds_embedding:
-        largest = max(largest, padded_vocab_size(m) * m.d_model / tp / shard(False))
-    return cuda_memory.rank_peak(
-        state=state, grads=grads, acts=acts, micro=micro, last=any(s.stage == n_stages - 1 for s in held),
-        pipelined=cfg.parallel.pp > 1, held_weights=held_weights, cached_only=cached_only,
-        loss_output=cuda_memory.fp32_logits_bytes(cfg, mb), logits=cuda_memory.logits_bytes(cfg, mb),
-        loss_backward=cuda_memory.loss_backward_bytes(cfg, mb), block_transient=block_transient,
-        optimizer_temporaries=cuda_memory.optimizer_step_bytes(cfg, largest))
-
-
 def build_plan(cfg, peak_flops: float, memory_bytes: float | None, hw: dict) -> Plan:
     dims = ParallelDims.from_config(cfg)
+    # Context parallel: the state follows dp x cp ranks, the activations a rank's seq_len / cp tokens
+    # (context_parallel.py); `local` is the config with that sequence length.
+    sdims, local = cp_lib.state_dims(dims), cp_lib.local_config(cfg)
     t, p = cfg.train, cfg.parallel
     micro = t.global_batch_size // (t.micro_batch_size * dims.dp)
     stages, total, non_embedding = stage_params(cfg)
     cuda = cuda_memory.applies(cfg, hw)
-    layer_bytes = cuda_memory.layer_bytes if cuda else activation_bytes_per_layer
+    local_layer_bytes = cuda_memory.layer_bytes if cuda else activation_bytes_per_layer
+
+    def layer_bytes(c, mb, mode=None, layer=0):
+        return (local_layer_bytes(local, mb, mode, layer)
+                + cp_lib.extra_layer_bytes(cfg, mb, mode or cfg.recompute.mode, layer, cuda))
     per_layer = layer_bytes_by_layer(layer_bytes, cfg, t.micro_batch_size)
     full_layer = layer_bytes_by_layer(layer_bytes, cfg, t.micro_batch_size, "none")
     block_per_rank = [block_params_per_rank(shape, cfg.model, p.tp, dims.ep) for shape in block_shapes(cfg.model)]
@@ -332,23 +312,23 @@ def build_plan(cfg, peak_flops: float, memory_bytes: float | None, hw: dict) -> 
         s.activation_bytes = sum(per_layer[i] if i in recomputed[s.stage] else full_layer[i] for i in s.layers
                                  ) * s.in_flight
         if cuda:
-            saved, held_copies[s.stage] = cuda_memory.weight_copies(cfg, dims, s, recomputed[s.stage], block_per_rank)
+            saved, held_copies[s.stage] = cuda_memory.weight_copies(cfg, sdims, s, recomputed[s.stage], block_per_rank)
             s.activation_bytes += saved
         if s.stage == len(stages) - 1:
-            s.activation_bytes += (cuda_memory.loss_saved_bytes if cuda else loss_bytes)(cfg, t.micro_batch_size)
-        s.state_bytes = stage_state_bytes(cfg, dims, s)
+            s.activation_bytes += (cuda_memory.loss_saved_bytes if cuda else loss_bytes)(local, t.micro_batch_size)
+        s.state_bytes = stage_state_bytes(cfg, sdims, s, replica_copies=not cuda)
     # A rank's peak, at the start of the last micro-batch's backward: model state, live activations, the
     # pipeline runtime's buffers and one backward temporary. Without accumulation no gradient exists yet then,
     # and backward frees each layer's activations as it makes that layer's gradients: the larger of the two counts.
     # Backward of a recomputed block holds that block's activations again while it runs (on CUDA with its weights'
     # copies made again, when only autocast's cache had held them).
-    rework = max(full_layer[i] - per_layer[i] + (cuda_memory.cached_only_bytes(cfg, dims, [i], block_per_rank)
+    rework = max(full_layer[i] - per_layer[i] + (cuda_memory.cached_only_bytes(cfg, sdims, [i], block_per_rank)
                                                  if cuda else 0.0) for i in range(cfg.model.n_layers)) \
         if cfg.recompute.mode != "none" else 0.0
-    transient = (backward_temporary_bytes(cfg, t.micro_batch_size) + rework
-                 + tp_collective_bytes(cfg, t.micro_batch_size))
+    transient = (backward_temporary_bytes(local, t.micro_batch_size) + rework
+                 + tp_collective_bytes(local, t.micro_batch_size))
     if cuda:
-        transient += cuda_memory.float8_transient_bytes(cfg, t.micro_batch_size)
+        transient += cuda_memory.float8_transient_bytes(local, t.micro_batch_size)
     boundary = cuda_memory.boundary_bytes_per_element() if cuda else None
     rank_peaks = {}
     for r, ids in ranks_stages.items():
@@ -356,13 +336,13 @@ def build_plan(cfg, peak_flops: float, memory_bytes: float | None, hw: dict) -> 
         state = sum(s.state_bytes["params"] + s.state_bytes["optimizer"] + s.state_bytes["gathered_params"]
                     for s in held)
         grads = sum(s.state_bytes["grads"] for s in held)
-        acts = sum(s.activation_bytes + pipeline_buffer_bytes(cfg, s.stage, len(stages), micro, boundary)
+        acts = sum(s.activation_bytes + pipeline_buffer_bytes(local, s.stage, len(stages), micro, boundary)
                    for s in held)
         if cuda:
-            moments = _cuda_moments(cfg, dims, held, len(stages), micro, state, grads, acts, transient,
-                                    sum(held_copies[s.stage] for s in held),
-                                    sum(cuda_memory.cached_only_bytes(cfg, dims, recomputed[s.stage], block_per_rank)
-                                        for s in held))
+            moments = cuda_memory.moments(local, sdims, held, len(stages), micro, state, grads, acts, transient,
+                                          sum(held_copies[s.stage] for s in held),
+                                          sum(cuda_memory.cached_only_bytes(cfg, sdims, recomputed[s.stage],
+                                                                            block_per_rank) for s in held))
             rank_peaks[r] = max(moments.values())
         else:
             live = grads + acts if micro > 1 else max(grads, acts)  # a pipeline always has micro > 1
@@ -388,7 +368,10 @@ def build_plan(cfg, peak_flops: float, memory_bytes: float | None, hw: dict) -> 
     flop_s += (p.tp - 1) * moe_flops_per_token(cfg.model) / peak_flops
     compute_s = flop_s * tokens / world * recompute_factor / hw["efficiency"]
     bubble = (p.pp - 1) / (p.virtual_stages * micro + p.pp - 1) if p.pp > 1 else 0.0
-    comm = comm_bytes(cfg, dims, stages[heaviest], micro)
+    comm = comm_bytes(local, sdims, stages[heaviest], micro)
+    if dims.cp > 1:  # the heaviest pipeline rank's k/v all-gathers and reduce-scatters
+        comm["cp"] = max(cp_lib.gather_bytes(cfg, [i for k in ids for i in stages[k].layers], micro,
+                                             [i for k in ids for i in recomputed[k]]) for ids in ranks_stages.values())
     intra, inter = hw["intra_node_gbs"] * 1e9, hw["inter_node_gbs"] * 1e9
     tp_bw = intra if p.tp <= cfg.cluster.nproc_per_node else inter
     dp_bw = inter if cfg.cluster.nnodes > 1 else intra
@@ -399,6 +382,7 @@ def build_plan(cfg, peak_flops: float, memory_bytes: float | None, hw: dict) -> 
     a2a_s = a2a * ep_lib.leaving_share(dims.ep) / ep_lib.all_to_all_bandwidth(cfg, hw) * hw.get("comm_factor", 1.0)
     # TP and PP transfers sit on the critical path; DP overlaps with backward except ~1/L of it.
     exposed = comm["tp"] / tp_bw + comm["pp"] / tp_bw + comm["dp"] / dp_bw / max(1, cfg.model.n_layers)
+    exposed += comm.get("cp", 0.0) / cp_lib.bandwidth(cfg, hw)  # attention waits for its keys and values
     exposed *= hw.get("comm_factor", 1.0)  # 1 unless `llmtrain tune` measured otherwise (plan/calibration.py)
     exposed += a2a_s
     step = compute_s / (1 - bubble) + exposed
@@ -435,10 +419,10 @@ def build_plan(cfg, peak_flops: float, memory_bytes: float | None, hw: dict) -> 
                      "the rank is counted exposed")
     return Plan(params_total=total, params_non_embedding=non_embedding, params_active=active_params(cfg, total),
                 flops_per_token=fpt, world_size=world,
-                dims={"dp": dims.dp, "dp_shard": dims.dp_shard, "tp": p.tp, "pp": p.pp, "ep": dims.ep,
+                dims={"dp": dims.dp, "dp_shard": dims.dp_shard, "cp": dims.cp, "tp": p.tp, "pp": p.pp, "ep": dims.ep,
                       "virtual_stages": p.virtual_stages, "zero": dims.zero, "schedule": p.pp_schedule,
                       "recompute": cfg.recompute.mode, "recompute_every": cfg.recompute.every,
-                      "sequence_parallel": p.sequence_parallel},
+                      "sequence_parallel": p.sequence_parallel, "micro_batch_size": t.micro_batch_size},
                 micro_batches=micro, stages=stages, heaviest_stage=heaviest, peak_bytes_per_rank=peak,
                 bubble_fraction=bubble, comm_bytes_per_step=comm, step_time_s=step, tokens_per_s=tps,
                 mfu=mfu, hardware=hw, fits=fits, notes=notes, compute_s=compute_s / (1 - bubble),

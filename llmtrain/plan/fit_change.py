@@ -12,9 +12,9 @@ from typing import Callable
 # What the search varies: a change's size is how many of these it sets.
 SIZED = ("parallel.tp", "parallel.pp", "parallel.ep", "parallel.zero", "parallel.sequence_parallel", "recompute.mode")
 # Every key a candidate may change, in the order a change names them (the others follow the sized ones).
-ORDER = ("parallel.tp", "parallel.pp", "parallel.dp", "parallel.dp_shard", "parallel.ep", "parallel.zero",
-         "parallel.sequence_parallel", "parallel.virtual_stages", "parallel.pp_schedule", "parallel.pp_layers",
-         "recompute.mode", "recompute.every")
+ORDER = ("parallel.tp", "parallel.pp", "parallel.cp", "parallel.dp", "parallel.dp_shard", "parallel.ep",
+         "parallel.zero", "parallel.sequence_parallel", "parallel.virtual_stages", "parallel.pp_schedule",
+         "parallel.pp_layers", "recompute.mode", "recompute.every")
 BATCH = ("train.global_batch_size", "train.micro_batch_size")
 
 

@@ -29,6 +29,7 @@ from llmtrain.config.derived import padded_vocab_size
 from llmtrain.model.family import BlockShape
 from llmtrain.model.registry import family_of
 from llmtrain.parallel import layout as pp_lib
+from llmtrain.plan.plain import Plain, thawed_dict
 
 __all__ = ["BlockShape", "StagePlan", "block_shape", "block_shapes", "block_params", "stage_params",
            "active_params", "flops_per_token", "routed_expert_params"]
@@ -44,6 +45,8 @@ def block_shapes(model_cfg) -> list[BlockShape]:
     several times, and `--suggest` plans hundreds of layouts of one model."""
     if isinstance(model_cfg, DictConfig):
         return list(_shapes_of(_frozen(OmegaConf.to_container(model_cfg, resolve=True))))
+    if isinstance(model_cfg, Plain):
+        return list(_shapes_of(_frozen(thawed_dict(model_cfg))))
     spec = family_of(model_cfg)
     return [spec.block_shape(model_cfg, i) for i in range(model_cfg.n_layers)]
 

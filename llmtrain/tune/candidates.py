@@ -1,7 +1,9 @@
 """The layouts a tune measures: `llmtrain plan --suggest`'s candidates (tp, pp, zero, recompute, and for a mixture
-of experts ep) on the configured nodes, each also with a half and a double micro-batch and, with a pipeline, the interleaved schedule over two
-virtual stages; the global batch stays the configured one. Ranked by the plan's estimated tokens/s (calibrated
-when tune measured this hardware and model family before); the top K that fit a device are the trials.
+of experts ep) on the configured nodes, each with every context-parallel degree cp that divides its data-parallel
+ranks and seq_len / 2 (dp the rest), with a half and a double micro-batch and, with a pipeline, the interleaved
+schedule over two virtual stages; the global batch stays the configured one. Ranked by the plan's estimated
+tokens/s (calibrated when tune measured this hardware and model family before); the top K that fit a device are
+the trials.
 train.compile and optim.fused stay as configured: the plan has no figure for them to rank by (refine.py measures
 them)."""
 
@@ -15,9 +17,11 @@ from llmtrain.config import ConfigError, validate
 from llmtrain.plan.cli import candidates as plan_candidates
 from llmtrain.plan.cli import plan_for
 from llmtrain.plan.estimate import Plan
+from llmtrain.plan.search import context_degrees
 
-# The keys a layout sets, with the short names its folder is named by (parallel.ep: a mixture of experts' only).
-LAYOUT_KEYS = {"parallel.dp": "dp", "parallel.tp": "tp", "parallel.pp": "pp", "parallel.ep": "ep",
+# The keys a layout sets, with the short names its folder is named by (parallel.ep: a mixture of experts' only;
+# parallel.cp: a layout with cp > 1, or every layout of a config with cp > 1).
+LAYOUT_KEYS = {"parallel.dp": "dp", "parallel.tp": "tp", "parallel.pp": "pp", "parallel.cp": "cp", "parallel.ep": "ep",
                "parallel.virtual_stages": "v",
                "parallel.pp_schedule": "", "parallel.zero": "zero", "parallel.sequence_parallel": "sp",
                "train.micro_batch_size": "mb", "recompute.mode": "rc"}
@@ -39,6 +43,8 @@ class Layout:
         if v["parallel.pp"] > 1:
             parts.append(f"{v['parallel.pp_schedule']}" + (f"-v{v['parallel.virtual_stages']}"
                                                            if v["parallel.virtual_stages"] > 1 else ""))
+        if v.get("parallel.cp", 1) > 1:  # cp=1 layouts keep the names they had before cp
+            parts.append(f"cp{v['parallel.cp']}")
         if "parallel.ep" in v:
             parts.append(f"ep{v['parallel.ep']}")
         parts += [f"zero{v['parallel.zero']}", f"mb{v['train.micro_batch_size']}", f"rc-{v['recompute.mode']}"]
@@ -49,10 +55,12 @@ class Layout:
         return [f"{key}={_hydra(value)}" for key, value in self.values.items()]
 
 
-def layout_keys(cfg: DictConfig) -> list[str]:
+def layout_keys(cfg: DictConfig, config_cp: int = 1) -> list[str]:
     """The LAYOUT_KEYS a config's layouts set: parallel.ep only for a mixture of experts (a dense model's is 1),
-    so a dense model's layouts keep their names and overrides."""
-    return [key for key in LAYOUT_KEYS if key != "parallel.ep" or cfg.model.moe is not None]
+    parallel.cp only where it or the tuned config's (`config_cp`) is > 1, so a dense model's cp=1 layouts keep
+    their names and overrides."""
+    return [key for key in LAYOUT_KEYS if (key != "parallel.ep" or cfg.model.moe is not None)
+            and (key != "parallel.cp" or max(cfg.parallel.cp, config_cp) > 1)]
 
 
 def _hydra(value) -> str:
@@ -71,19 +79,21 @@ def layouts(cfg: DictConfig):
     seen = set()
     for base in plan_candidates(cfg, nodes * per_node, per_node):
         mb = base.train.micro_batch_size
-        for micro in sorted({max(1, mb // 2), mb, mb * 2}):
-            for schedule, virtual in _schedules(base):
-                c = base.copy()
-                c.train.micro_batch_size = micro
-                c.parallel.pp_schedule, c.parallel.virtual_stages = schedule, virtual
-                try:
-                    validate(c)
-                except ConfigError:
-                    continue
-                layout = Layout({key: _get(c, key) for key in layout_keys(c)}, c)
-                if layout.name not in seen:
-                    seen.add(layout.name)
-                    yield layout
+        for cp in context_degrees(base, base.parallel.dp):
+            for micro in sorted({max(1, mb // 2), mb, mb * 2}):
+                for schedule, virtual in _schedules(base):
+                    c = base.copy()
+                    c.parallel.cp, c.parallel.dp = cp, base.parallel.dp // cp
+                    c.train.micro_batch_size = micro
+                    c.parallel.pp_schedule, c.parallel.virtual_stages = schedule, virtual
+                    try:
+                        validate(c)
+                    except ConfigError:
+                        continue
+                    layout = Layout({key: _get(c, key) for key in layout_keys(c, cfg.parallel.cp)}, c)
+                    if layout.name not in seen:
+                        seen.add(layout.name)
+                        yield layout
 
 
 def _schedules(cfg: DictConfig) -> list[tuple[str, int]]:

@@ -51,6 +51,19 @@ def test_predicted_memory_within_10_percent_of_measured(tmp_path):
     assert len(checked) >= 5  # dp, tp, pp, zero and recompute varied
 
 
+@pytest.mark.slow
+def test_context_parallel_memory_within_10_percent_of_measured(tmp_path):
+    """Context parallel (one 2-rank launch, llama-tiny's block at seq 1024, cp=2): each rank's model state, saved
+    activations (the all-gathered keys and values, FSDP2's replicated copies) and measured peak against the plan."""
+    bench = _bench()
+    name = "llama seq1024 cp2"
+    rows = bench.compare(name, bench.CP_LAYOUTS[name], str(tmp_path), _plan_here, _train_here)
+    assert len(rows) == 2
+    for row in rows:
+        for kind in ("state", "act", "peak"):
+            assert abs(row[f"{kind}_pred"] / row[f"{kind}_meas"] - 1) <= 0.10, row
+
+
 def test_plan_cli_fit_json_and_speed():
     start = time.perf_counter()
     result = run_cli(["plan", "model=gpt-175b", "hardware=h100", "cluster.nproc_per_node=8"])
@@ -73,8 +86,9 @@ def test_suggest_ranks_layouts_that_fit():
     for p in plans:  # every suggestion is a valid config
         d = p["dims"]
         cfg = compose_config(["model=gpt-13b", f"parallel.tp={d['tp']}", f"parallel.pp={d['pp']}",
-                              f"parallel.zero={d['zero']}", "cluster.nproc_per_node=8", "cluster.nnodes=2",
-                              "train.micro_batch_size=1", "train.global_batch_size=64"])
+                              f"parallel.cp={d['cp']}", f"parallel.zero={d['zero']}", "cluster.nproc_per_node=8",
+                              "cluster.nnodes=2", f"parallel.sequence_parallel={str(d['tp'] > 1).lower()}",
+                              f"train.micro_batch_size={d['micro_batch_size']}", "train.global_batch_size=64"])
         validate_here(cfg)
 
 

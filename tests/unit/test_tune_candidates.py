@@ -35,7 +35,7 @@ def test_every_layout_keeps_the_global_batch_and_the_devices(ranking):
     for r in ranked:
         p = r.layout.cfg.parallel
         assert r.layout.cfg.train.global_batch_size == cfg.train.global_batch_size == 16
-        assert p.dp * p.tp * p.pp == 2 and r.plan.world_size == 2
+        assert p.dp * p.cp * p.tp * p.pp == 2 and r.plan.world_size == 2
     schedules = {(r.layout.cfg.parallel.pp_schedule, r.layout.cfg.parallel.virtual_stages) for r in ranked}
     assert ("interleaved_1f1b", 2) in schedules
     assert {r.layout.cfg.train.micro_batch_size for r in ranked} >= {4, 8, 16}
@@ -67,3 +67,14 @@ def test_the_winner_is_launched_without_the_layout_keys_the_tune_was_given():
     assert launch_line("/abs/t", ["my configs"], given) == (
         "llmtrain launch --config-dir 'my configs' --config-dir /abs/t/best parallel=tuned model=gpt-125m "
         "precision=bf16")
+
+
+def test_context_parallel_layouts_are_named_and_set_only_where_cp_is_above_one(ranking):
+    _, ranked = ranking
+    split = [r.layout for r in ranked if r.layout.cfg.parallel.cp == 2]
+    assert split and all(lay.name.startswith("dp1-tp1-pp1-cp2-zero") for lay in split)
+    assert all("parallel.cp=2" in lay.overrides and "parallel.dp=1" in lay.overrides for lay in split)
+    whole = [r.layout for r in ranked if r.layout.cfg.parallel.cp == 1]
+    assert whole and not any("cp" in lay.name or any(o.startswith("parallel.cp=") for o in lay.overrides)
+                             for lay in whole)  # the names and overrides recorded trials had before cp
+    assert {lay.values["train.micro_batch_size"] for lay in split} >= {4, 8, 16}
