@@ -15,10 +15,12 @@
 # MFU, then fp8 against it, both compiled (fp8 not run where it cannot be); 11 `llmtrain tune` of gpt-1.3b (the
 # plan's top 3 layouts, 10 steps each, no refinement round): the winner's MFU against the defaults'
 # (scripts/gpu_check_tune.py); 12 a mixture of experts, OLMoE's shape cut to 4 layers, bf16 and compiled: tokens/s
-# and MFU (active FLOPs) with the experts as torch._grouped_mm and as a loop (scripts/gpu_check_moe.py).
+# and MFU (active FLOPs) with the experts as torch._grouped_mm and as a loop (scripts/gpu_check_moe.py); 13 `long`:
+# llama3-1b at its 8192-token context with the layout `llmtrain plan --suggest 1 <GPU GiB>` ranks first
+# (micro-batch, recompute, ZeRO): tokens/s, MFU and the peak memory against the plan's (scripts/gpu_check_long.py).
 #
 # By default parts 1, 2, 5 and 6 run (`python3 scripts/gpu_check_parts.py plan` prints them with their limits);
-# --long runs all twelve (with a deadline that fits them all), --parts the ones named, in that order (GPU_CHECK_PARTS
+# --long runs all thirteen (with a deadline that fits them all), --parts the ones named, in that order (GPU_CHECK_PARTS
 # does the same), --deadline sets the deadline. Each part runs under its own time limit, so one failure does not
 # hide the rest: a part that fails, crashes or overruns its limit shows FAIL with its log. A part still running at
 # the deadline is stopped and shows TIMEOUT; a part that would start after it is not started and shows SKIP.

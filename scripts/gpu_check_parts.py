@@ -40,12 +40,14 @@ TITLES = {
     "llama": "10 llama3-1b bf16 tokens/s and MFU, fp8 vs bf16",
     "tune": "11 llmtrain tune (top 3): the winner's MFU vs the defaults'",
     "moe": "12 MoE (OLMoE shape, 4 layers) bf16 tokens/s and MFU, grouped vs loop",
+    "long": "13 llama3-1b at seq 8192, the plan's layout: tokens/s, MFU, peak / plan",
 }
 # Each part's time limit on one H200, in seconds, its first compile included (estimates: not yet measured on a
 # GPU). The default parts and the script's own start-up fit DEADLINE_S: an 8-minute GPU loan less ~90 s for the
 # machine's start and the transfers. The other parts are opt-in (--long, --parts).
 BUDGET_S = {"smoke": 60, "throughput": 150, "memory": 60, "resume": 90, "plain": 150, "fp16": 120,
-            "async_save": 150, "apex": 120, "fp8": 330, "llama": 330, "tune": 240, "moe": 150}
+            "async_save": 150, "apex": 120, "fp8": 330, "llama": 330, "tune": 240, "moe": 150,
+            "long": 150}
 DEFAULT_PARTS = ("smoke", "throughput", "memory", "resume")
 DEADLINE_S = 390
 LONG_SLACK_S = 30  # --long: the deadline is the sum of the limits plus this (start-up, summary)
@@ -184,16 +186,21 @@ def device_memory_gib(device: str) -> float:
     return psutil.virtual_memory().total / 2**30
 
 
-def suggested(overrides: list[str], gib: float) -> list[str] | None:
-    """The fastest single-device layout `llmtrain plan --suggest 1 GIB` ranks first, as overrides (None: none
-    fits). --suggest varies tp, pp, zero and recompute; on one device that leaves the recompute mode."""
+def suggest_plans(overrides: list[str], gib: float) -> list[dict]:
+    """The single-device plans `llmtrain plan --suggest 1 GIB --json` ranks, fastest first ([]: none fits)."""
     argv = [sys.executable, "-m", "llmtrain", "plan", *overrides, "--suggest", "1", str(math.floor(gib)), "--json"]
     proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True)
     print("$ " + " ".join(argv) + f"\n(exit {proc.returncode})", flush=True)
     try:
-        plans = json.loads(proc.stdout)
+        return json.loads(proc.stdout) or []
     except ValueError:
-        return None
+        return []
+
+
+def suggested(overrides: list[str], gib: float) -> list[str] | None:
+    """The fastest single-device layout `llmtrain plan --suggest 1 GIB` ranks first, as overrides (None: none
+    fits). --suggest varies tp, pp, zero and recompute; on one device that leaves the recompute mode."""
+    plans = suggest_plans(overrides, gib)
     if not plans:
         return None
     d = plans[0]["dims"]
@@ -380,9 +387,16 @@ def part_moe(p: Part) -> tuple[str, str]:
     return run(p)
 
 
+def part_long(p: Part) -> tuple[str, str]:
+    from gpu_check_long import part_long as run  # its own module, as llama's
+
+    return run(p)
+
+
 PARTS = {"smoke": part_smoke, "throughput": part_throughput, "plain": part_plain, "fp16": part_fp16,
          "memory": part_memory, "resume": part_resume, "async_save": part_async_save, "apex": part_apex,
-         "fp8": part_fp8, "llama": part_llama, "tune": part_tune, "moe": part_moe}
+         "fp8": part_fp8, "llama": part_llama, "tune": part_tune, "moe": part_moe,
+         "long": part_long}
 
 
 def record(out: Path, part: str, status: str, detail: str, log: str) -> None:

@@ -49,6 +49,7 @@ def test_the_default_parts_fit_the_deadline_and_the_deadline_an_8_minute_loan():
     assert sum(m.BUDGET_S[p] for p in m.DEFAULT_PARTS) <= m.DEADLINE_S <= 8 * 60 - 90
     assert set(m.BUDGET_S) == set(m.TITLES) and "fp8" not in m.DEFAULT_PARTS  # the long parts are opt-in
     assert "moe" not in m.DEFAULT_PARTS and m.BUDGET_S["moe"] <= 150
+    assert "long" not in m.DEFAULT_PARTS and m.BUDGET_S["long"] <= 150
     # What gpu_check.sh runs is what `plan` prints: by default those parts, with those limits.
     plan = subprocess.run(["python3", str(REPO / "scripts" / "gpu_check_parts.py"), "plan"], capture_output=True,
                           text=True, check=True).stdout.splitlines()
@@ -121,7 +122,7 @@ def test_dry_mode_runs_every_part_on_cpu(dry_run_of_every_part):
     for title, (status, figures, log) in table.items():
         assert status == ("SKIP" if title in skipped else "PASS"), (title, status, figures, open(log).read()[-3000:])
     # A CPU has no known peak: the parts that report MFU say it is not shown, never a made-up figure.
-    for part in ("throughput", "llama", "tune", "moe"):
+    for part in ("throughput", "llama", "tune", "moe", "long"):
         figures = table[t[part]][1]
         assert "MFU not shown (no known peak)" in figures and "nan" not in figures, (part, figures)
 
@@ -202,3 +203,81 @@ def test_moe_part_keeps_the_grouped_figures_when_the_loop_run_does_not_finish(tm
     assert row["status"] == "FAIL" and row["log"] == str(tmp_path / "logs" / "moe.log")
     assert row["detail"] == ("moe-tiny x 2 layers: grouped 1,000 tok/s, MFU not shown (no known peak); the loop run "
                              "did not finish")
+
+
+@pytest.mark.slow
+def test_dry_mode_long_part_runs_the_plans_layout(dry_run_of_every_part):
+    out, result = dry_run_of_every_part
+    assert result.returncode == 0, result.stderr
+    status, figures, log = rows(out)[titles()["long"]]
+    assert status == "PASS", (figures, open(log).read()[-3000:])
+    m = re.fullmatch(r"llama-tiny x 2 layers seq 256, the plan's layout for \d+ GiB: train.micro_batch_size=(\d) "
+                     r"recompute=(\w+) parallel.zero=(\d): [\d,]+ tok/s \(plan [\d,]+\), MFU not shown \(no known "
+                     r"peak\); peak [\d.]+ MiB measured, plan [\d.]+ MiB \([\d.]+x; pass within 10%\); 10 of 10 steps",
+                     figures)
+    assert m, figures
+    config = yaml.safe_load((out / "runs" / "long" / "config.yaml").read_text())  # the run got the plan's layout
+    assert (config["train"]["micro_batch_size"], config["recompute"]["mode"], config["parallel"]["zero"]) == \
+        (int(m[1]), m[2], int(m[3]))
+    assert config["model"]["seq_len"] == 256 and config["train"]["global_batch_size"] == 4
+
+
+PLAN = {"dims": {"micro_batch_size": 2, "recompute": "selective", "zero": 0}, "tokens_per_s": 54789.2,
+        "peak_bytes_per_rank": 50 * 2**30}
+
+
+def _long_part(tmp_path, monkeypatch, plans: list[dict], peak: int | None, losses: list[float]):
+    """gpu_check_long.part_long on the GPU sizes with the planner's answer `plans` and a launch that writes
+    `losses` as metrics.jsonl and `peak` as the status file's peak (no GPU: the device's memory is given)."""
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    parts = parts_module()
+    monkeypatch.setitem(sys.modules, "gpu_check_parts", parts)
+    monkeypatch.delitem(sys.modules, "gpu_check_long", raising=False)
+    import gpu_check_long
+
+    asked, launched = [], []
+    monkeypatch.setattr(gpu_check_long, "device_memory_gib", lambda device: 139.8)
+    monkeypatch.setattr(gpu_check_long, "suggest_plans", lambda overrides, gib: asked.append((overrides, gib)) or plans)
+
+    def launch(name, overrides, fresh=True):
+        launched.append((name, overrides))
+        run = tmp_path / "runs" / name
+        (run / "logs").mkdir(parents=True)
+        (run / "metrics.jsonl").write_text("".join(
+            json.dumps({"step": i + 1, "loss": v, "tokens_per_s": 40000.0 + 10 * i, "step_time_s": 1.6}) + "\n"
+            for i, v in enumerate(losses)))
+        (run / "logs" / "rank0.status").write_text(json.dumps({"state_bytes": {"peak": peak}}))
+        return run
+
+    p = parts.Part(tmp_path, parts.Sizes("cuda"))
+    monkeypatch.setattr(p, "launch", launch)
+    return gpu_check_long.part_long, p, asked, launched
+
+
+def test_long_part_launches_the_plans_layout_and_passes_on_a_matching_peak(tmp_path, monkeypatch):
+    part_long, p, asked, launched = _long_part(tmp_path, monkeypatch, [PLAN], 48 * 2**30, [5.0 - 0.1 * i
+                                                                                            for i in range(10)])
+    assert part_long(p) == ("PASS", "llama3-1b seq 8192, the plan's layout for 139 GiB: train.micro_batch_size=2 "
+                                    "recompute=selective parallel.zero=0: 40,065 tok/s (plan 54,789), MFU not shown "
+                                    "(no known peak); peak 48.00 GiB measured, plan 50.00 GiB (1.042x; pass within "
+                                    "10%); 10 of 10 steps")
+    (overrides, gib), = asked
+    assert gib == 139.8 and overrides[:5] == ["model=llama3-1b", "model.seq_len=8192", "precision=bf16",
+                                              "train.micro_batch_size=4", "train.global_batch_size=8"]
+    (name, run), = launched  # the plan's micro-batch, recompute and ZeRO level, the same global batch
+    assert name == "long" and run[3:8] == ["train.global_batch_size=8", "train.micro_batch_size=2",
+                                           "recompute=selective", "parallel.zero=0", "train.max_steps=10"]
+
+
+@pytest.mark.parametrize("plans, peak, losses, words", [
+    ([PLAN], 40 * 2**30, [5.0] * 10, "peak 40.00 GiB measured, plan 50.00 GiB (1.250x; pass within 10%)"),
+    ([PLAN], 50 * 2**30, [5.0] * 9 + [float("nan")], "10 of 10 steps, a loss not finite"),
+    ([PLAN], 50 * 2**30, [5.0] * 7, "7 of 10 steps"),
+    ([PLAN], None, [5.0] * 10, "no measured peak"),
+    ([], 50 * 2**30, [5.0] * 10, "llama3-1b seq 8192: `llmtrain plan --suggest 1 139` finds no layout that fits")])
+def test_long_part_fails_on_a_peak_off_the_plan_a_lost_step_or_no_plan(tmp_path, monkeypatch, plans, peak, losses,
+                                                                       words):
+    part_long, p, _, launched = _long_part(tmp_path, monkeypatch, plans, peak, losses)
+    status, figures = part_long(p)
+    assert status == "FAIL" and words in figures, figures
+    assert len(launched) == (1 if plans else 0)
