@@ -114,8 +114,7 @@ class ModelConfig:
     # llama only (gpt2 always ties): the output head shares the token embedding's weight.
     tie_embeddings: bool = True
     init_std: float = 0.02
-    # A Hugging Face GPT-2 or Llama folder, or an llmtrain safetensors export, to start from; null = random
-    # init (docs/models.md: Hugging Face interop).
+    # A Hugging Face folder or an llmtrain safetensors export to start from; null = random init (docs/models.md).
     init_from: Optional[str] = None
     # Mixture of experts in the sparse layers (a family that supports it); null = dense.
     moe: Optional[MoEConfig] = None
@@ -137,11 +136,9 @@ class ParallelConfig:
     zero: int = choice(0, 0, 2, 3)
     # Size of the sharding group inside dp (hybrid sharding); null = all of dp.
     dp_shard: Optional[int] = None
-    # Expert parallel: a mixture of experts' experts split over this many data-parallel ranks (carved from the
-    # innermost ranks of parallel.dp_shard, or of parallel.dp under zero=0); 1 = every rank holds every expert.
+    # Expert parallel: a mixture of experts' experts split over this many dp ranks; 1 = none (docs/parallelism.md).
     ep: int = 1
-    # Context parallel: each sequence split over this many ranks (two load-balanced chunks each), attention exact
-    # over the whole sequence (keys and values all-gathered); 1 = every rank holds whole sequences.
+    # Context parallel: each sequence split over this many ranks; 1 = none (docs/parallelism.md).
     cp: int = 1
 
 

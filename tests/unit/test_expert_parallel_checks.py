@@ -4,16 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from llmtrain.config import ConfigError, compose_config
+from helpers.refusals import validate_refusal as refusal
+
+from llmtrain.config import compose_config
 from llmtrain.config.validate import validate
 from llmtrain.parallel.layout import ParallelDims
-
-
-def refusal(*overrides: str) -> tuple[str, str]:
-    with pytest.raises(ConfigError) as e:
-        validate(compose_config(list(overrides)))
-    assert "\n" not in str(e.value)
-    return e.value.key, e.value.message
 
 
 @pytest.mark.parametrize("overrides, message", [
