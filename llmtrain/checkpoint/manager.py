@@ -259,7 +259,8 @@ class CheckpointManager:
         else:
             # Another layout: ranks map to other work, so reseed from (seed, step, rank) instead.
             torch.manual_seed(self.cfg.train.seed + 1_000_003 * training.step + self.rank)
-        saved_len, seq_len = (meta.get("model") or {}).get("seq_len", self.cfg.model.seq_len), self.cfg.model.seq_len
+        seq_len = self.cfg.model.get("seq_len")
+        saved_len = (meta.get("model") or {}).get("seq_len", seq_len)
         self.log(f"llmtrain: {prefix}resumed from {path} at step {training.step} ({training.samples_seen:,} samples "
                  "seen)"
                  + ("" if same_layout else f"; resharded from layout {meta.get('layout')} to {layout_of(self.cfg)}")

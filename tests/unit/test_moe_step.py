@@ -139,7 +139,7 @@ def test_build_passes_the_ep_of_the_parallel_dims():
     from types import SimpleNamespace
 
     cfg = compose_config(["model=moe-tiny"])
-    dims = SimpleNamespace(dp=1, pp=1, ep=2)  # one rank: no reduction group, so no mesh is needed
+    dims = SimpleNamespace(dp=1, cp=1, pp=1, ep=2)  # one rank: no reduction group, so no mesh is needed
     assert MoEStep.build(cfg, [], None, dims, torch.device("cpu")).ep == 2
 
 
