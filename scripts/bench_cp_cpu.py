@@ -31,51 +31,28 @@ what the timers cost.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
 import sys
-import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # this checkout's llmtrain, also under torchrun (which runs this file as a script)
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling bench script, also when loaded by path
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared harness, also when this file is loaded by path
 
-from bench_ep_cpu import cell  # noqa: E402  (the median [min-max] cell of expert parallel's table)
+import bench_exchange_harness as harness  # noqa: E402  (puts this checkout's llmtrain first on sys.path)
 
-TIMING_FILE = "cp_timing_rank{rank}.json"
+BENCH = harness.Bench(prog="bench_cp_cpu", script=__file__, timing_file="cp_timing_rank{rank}.json",
+                      tmp_prefix="bench-cp-", show_stdout=True)
 KINDS = ("gather", "scatter")  # the forward all-gather, its backward reduce-scatter
 
 
 # ---------------------------------------------------------------------------------------------------- bookkeeping
 
-class CollectiveClock:
-    """One rank's seconds, counts and bytes per optimizer step for each kind of exchange; what happens outside a
-    step (none in training: evaluation is off) is not counted."""
+class CollectiveClock(harness.StepClock):
+    """One rank's seconds, counts and bytes per optimizer step of the all-gathers ("gather") and their
+    reduce-scatters ("scatter")."""
 
     def __init__(self, now=time.perf_counter):
-        self.now = now
-        self.steps: list[dict] = []
-        self._step: dict | None = None
-
-    def begin(self, step: int) -> None:
-        self._step = {"step": step, "bytes": 0}
-        for kind in KINDS:
-            self._step.update({f"{kind}_s": 0.0, kind: 0})
-
-    def end(self) -> None:
-        if self._step is not None:
-            self.steps.append(self._step)
-        self._step = None
-
-    def add(self, kind: str, seconds: float, nbytes: int) -> None:
-        """kind: "gather" or "scatter"; nbytes: what crossed between this rank and the others."""
-        if self._step is not None:
-            self._step[f"{kind}_s"] += seconds
-            self._step[kind] += 1
-            self._step["bytes"] += nbytes
+        super().__init__(KINDS, "bytes", now)
 
 
 def bytes_from_others(local_bytes: int, group_size: int) -> int:
@@ -119,8 +96,6 @@ def worker(run_dir: str, timed_exchanges: bool) -> int:
     from torch.distributed import _functional_collectives as funcol
 
     import llmtrain.parallel.context_parallel as context_parallel
-    from llmtrain import worker as llmtrain_worker
-    from llmtrain.train.trainer import Trainer
 
     clock = CollectiveClock()
     timed = timed_all_gather_function()
@@ -139,58 +114,32 @@ def worker(run_dir: str, timed_exchanges: bool) -> int:
             return finished(reduce_scatter(g, "sum", dim, group))
         return timed.apply(t, 0, gather, scatter, dist.get_world_size(group), clock)
 
-    train_step = Trainer.train_step
-
-    def marked_train_step(self):
-        clock.begin(self.step + 1)
-        try:
-            return train_step(self)
-        finally:
-            clock.end()
-
-    if timed_exchanges:
+    def swap():
         context_parallel.gather_sequence = gather_sequence
-    Trainer.train_step = marked_train_step
-    code = llmtrain_worker.main([run_dir])
-    rank = int(os.environ["RANK"])
-    Path(run_dir, TIMING_FILE.format(rank=rank)).write_text(json.dumps({"rank": rank, "steps": clock.steps}))
-    return code
+
+    return BENCH.worker(run_dir, clock, swap if timed_exchanges else None)
 
 
 # ---------------------------------------------------------------------------------------------------- the table
 
-def _mean(values) -> float:
-    values = list(values)
-    return sum(values) / len(values)
-
-
 def summarize(ranks: list[dict], rows: list[dict], steps: int, skip: int) -> dict:
     """One run's figures over steps skip+1..steps from every rank's timing record and the metrics rows."""
-    timed = list(range(skip + 1, steps + 1))
-    step_time = {r["step"]: r["step_time_s"] for r in rows if "step_time_s" in r}
-    loss = {r["step"]: r["loss"] for r in rows if "loss" in r}
-    missing = [s for s in timed if s not in step_time or s not in loss]
-    if missing:
-        raise ValueError(f"metrics.jsonl has no step_time_s or loss for steps {missing} (train.log_interval=1 gives "
-                         "every step)")
+    metrics, timed = harness.timed_steps(ranks, rows, steps, skip, fields=("step_time_s", "loss"))
+    mean = harness.mean
     per_rank = []
-    for record in sorted(ranks, key=lambda r: r["rank"]):
-        by_step = {s["step"]: s for s in record["steps"]}
-        if any(s not in by_step for s in timed):
-            raise ValueError(f"rank {record['rank']}'s timing lacks steps of {timed[0]}..{timed[-1]}")
-        mine = [by_step[s] for s in timed]
-        figures = {f"{kind}_s": _mean(s[f"{kind}_s"] for s in mine) for kind in KINDS}
-        figures.update({kind: _mean(s[kind] for s in mine) for kind in KINDS})
-        figures["bytes"] = _mean(s["bytes"] for s in mine)
+    for mine in timed:
+        figures = {f"{kind}_s": mean(s[f"{kind}_s"] for s in mine) for kind in KINDS}
+        figures.update({kind: mean(s[kind] for s in mine) for kind in KINDS})
+        figures["bytes"] = mean(s["bytes"] for s in mine)
         per_rank.append(figures)
-    step_s = _mean(step_time[s] for s in timed)
+    step_s = mean(metrics["step_time_s"])
     both = [r["gather_s"] + r["scatter_s"] for r in per_rank]
-    return {"step_ms": 1e3 * step_s, "gather_ms": 1e3 * _mean(r["gather_s"] for r in per_rank),
-            "scatter_ms": 1e3 * _mean(r["scatter_s"] for r in per_rank), "comm_ms": 1e3 * _mean(both),
-            "comm_max_ms": 1e3 * max(both), "share": _mean(both) / step_s,
-            "mib": _mean(r["bytes"] for r in per_rank) / 2**20,
-            "gathers": _mean(r["gather"] for r in per_rank), "scatters": _mean(r["scatter"] for r in per_rank),
-            "loss": loss[steps]}
+    return {"step_ms": 1e3 * step_s, "gather_ms": 1e3 * mean(r["gather_s"] for r in per_rank),
+            "scatter_ms": 1e3 * mean(r["scatter_s"] for r in per_rank), "comm_ms": 1e3 * mean(both),
+            "comm_max_ms": 1e3 * max(both), "share": mean(both) / step_s,
+            "mib": mean(r["bytes"] for r in per_rank) / 2**20,
+            "gathers": mean(r["gather"] for r in per_rank), "scatters": mean(r["scatter"] for r in per_rank),
+            "loss": metrics["loss"][-1]}
 
 
 COLUMNS = [("step_ms", "step ms", "{:.1f}"), ("gather_ms", "all-gather ms", "{:.1f}"),
@@ -201,11 +150,7 @@ COLUMNS = [("step_ms", "step ms", "{:.1f}"), ("gather_ms", "all-gather ms", "{:.
 
 def table(results: dict[str, list[dict]]) -> list[str]:
     """Markdown rows: a layout per row, each figure the median over its runs [min-max]."""
-    lines = ["| layout | " + " | ".join(name for _, name, _ in COLUMNS) + " |",
-             "|---|" + "---:|" * len(COLUMNS)]
-    for layout, runs in results.items():
-        lines.append(f"| {layout} | " + " | ".join(cell([r[key] for r in runs], fmt) for key, _, fmt in COLUMNS) + " |")
-    return lines
+    return harness.table(results, COLUMNS)
 
 
 def layouts(cp: int, control: bool) -> list[tuple[str, int, int, bool]]:
@@ -220,74 +165,27 @@ def overrides(a, procs: int, cp: int, run_dir: str) -> list[str]:
     model = [] if any(o.startswith("model=") for o in a.overrides) else ["model=llama-tiny"]
     seq = [] if any(o.startswith("model.seq_len=") for o in a.overrides) else ["model.seq_len=2048"]
     return [f"run.dir={run_dir}", *model, *seq, "data=stdlib", *a.overrides, f"parallel.cp={cp}", "parallel.zero=0",
-            f"train.micro_batch_size={a.micro}", f"train.global_batch_size={a.batch}", f"train.max_steps={a.steps}",
-            "train.log_interval=1", "train.eval_interval=0", "checkpoint.at_end=false", "checkpoint.resume=none",
-            f"cluster.nproc_per_node={procs}", "device=cpu", "precision=fp32", "launch.omp_num_threads=1"]
-
-
-def prepare(a, procs: int, cp: int, run_dir: str):
-    """The run directory as `llmtrain launch` leaves it for the workers; bad overrides fail here, one line."""
-    from rich.console import Console
-
-    from llmtrain.errors import LlmtrainError
-    from llmtrain.launch.config_probes import compose_here, validate_here
-    from llmtrain.launch.run import check_resume, prepare_data, prepare_run_dir
-
-    try:
-        origins: dict[str, str] = {}
-        cfg = compose_here(overrides(a, procs, cp, run_dir), origins=origins)
-        validate_here(cfg)
-        prepare_data(cfg)
-        check_resume(cfg, Console(quiet=True), origins)
-        prepare_run_dir(cfg)
-    except LlmtrainError as e:  # bad input: one line, and its exit code (2)
-        print(f"bench_cp_cpu: {e}", file=sys.stderr)
-        sys.exit(e.exit_code)
-    return cfg
+            *harness.fixed_overrides(a, procs)]
 
 
 def run(a, procs: int, cp: int, timed: bool = True) -> dict:
-    with tempfile.TemporaryDirectory(prefix="bench-cp-") as tmp:
-        run_dir = os.path.join(tmp, "run")
-        prepare(a, procs, cp, run_dir)
-        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={procs}",
-                __file__, "--worker", run_dir, *([] if timed else ["--untimed"])]
-        proc = subprocess.run(argv, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True)
-        if proc.returncode:
-            logs = "".join(f"--- rank {r}\n" + Path(run_dir, "logs", f"rank{r}.log").read_text(errors="replace")[-2000:]
-                           for r in range(procs) if Path(run_dir, "logs", f"rank{r}.log").exists())
-            sys.exit(f"the cp={cp} run on {procs} processes failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n"
-                     f"{proc.stderr[-3000:]}\n{logs}")
-        rows = [json.loads(line) for line in Path(run_dir, "metrics.jsonl").read_text().splitlines() if line.strip()]
-        ranks = [json.loads(Path(run_dir, TIMING_FILE.format(rank=r)).read_text()) for r in range(procs)]
+    rows, ranks = BENCH.run(partial(overrides, a, procs, cp), procs, timed, f"cp={cp}")
     return summarize(ranks, rows, a.steps, a.skip)
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cp", type=int, default=2, help="context parallel size, and the processes of its dp reference")
-    p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--steps", type=int, default=8)
-    p.add_argument("--skip", type=int, default=2, help="warm-up steps left out")
-    p.add_argument("--batch", type=int, default=2, help="train.global_batch_size")
-    p.add_argument("--micro", type=int, default=1, help="train.micro_batch_size")
-    p.add_argument("--control", action="store_true",
-                   help="also run cp with the plain exchange: its step time shows what the timers cost")
-    p.add_argument("--worker", metavar="RUN_DIR", help=argparse.SUPPRESS)
-    p.add_argument("--untimed", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("overrides", nargs="*", help="llmtrain key=value overrides")
-    a = p.parse_args()
-    if a.worker:
-        return worker(a.worker, timed_exchanges=not a.untimed)
-    if not 1 <= a.skip < a.steps:
-        p.error("need 1 <= --skip < --steps")
+    harness.add_run_arguments(p, repeats=2, steps=8, skip=2, batch=2, micro=1)
+    harness.add_control_and_worker_arguments(
+        p, "also run cp with the plain exchange: its step time shows what the timers cost")
+    a = harness.parse_args(p, worker)
     if a.cp < 2:
         p.error("--cp must be at least 2 (its cp1 references run anyway)")
 
     runs = layouts(a.cp, a.control)
     for _, procs, cp, _ in runs:  # every config checked before the first run
-        with tempfile.TemporaryDirectory(prefix="bench-cp-") as tmp:
-            prepare(a, procs, cp, os.path.join(tmp, "run"))
+        BENCH.check(partial(overrides, a, procs, cp))
     model = " ".join(o for o in overrides(a, 1, 1, "") if o.startswith("model"))
     print(f"{model}: global batch {a.batch}, micro-batch "
           f"{a.micro}, fp32 CPU, gloo, OMP_NUM_THREADS=1, parallel.zero=0; steps {a.skip + 1}..{a.steps} of "

@@ -32,46 +32,27 @@ exchanges (steps still marked, nothing timed): its step time against the timed r
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import statistics
-import subprocess
 import sys
-import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # this checkout's llmtrain, also under torchrun (which runs this file as a script)
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared harness, also when this file is loaded by path
 
-TIMING_FILE = "ep_timing_rank{rank}.json"
+import bench_exchange_harness as harness  # noqa: E402  (puts this checkout's llmtrain first on sys.path)
+
+BENCH = harness.Bench(prog="bench_ep_cpu", script=__file__, timing_file="ep_timing_rank{rank}.json",
+                      tmp_prefix="bench-ep-")
+KINDS = ("pairs", "counts")  # the routed pairs' all-to-all (forward and backward), the token counts' one
 
 
 # ---------------------------------------------------------------------------------------------------- bookkeeping
 
-class ExchangeClock:
-    """One rank's exchange seconds, counts and bytes per optimizer step; what happens outside a step (none in
-    training: evaluation is off) is not counted."""
+class ExchangeClock(harness.StepClock):
+    """One rank's exchange seconds, counts and bytes sent per optimizer step (kinds "pairs" and "counts")."""
 
     def __init__(self, now=time.perf_counter):
-        self.now = now
-        self.steps: list[dict] = []
-        self._step: dict | None = None
-
-    def begin(self, step: int) -> None:
-        self._step = {"step": step, "pairs_s": 0.0, "counts_s": 0.0, "pairs": 0, "counts": 0, "bytes_sent": 0}
-
-    def end(self) -> None:
-        if self._step is not None:
-            self.steps.append(self._step)
-        self._step = None
-
-    def add(self, kind: str, seconds: float, bytes_sent: int = 0) -> None:
-        """kind: "pairs" or "counts"."""
-        if self._step is not None:
-            self._step[f"{kind}_s"] += seconds
-            self._step[kind] += 1
-            self._step["bytes_sent"] += bytes_sent
+        super().__init__(KINDS, "bytes_sent", now)
 
 
 def bytes_to_others(rows: list[int], me: int, row_bytes: int) -> int:
@@ -116,8 +97,6 @@ def worker(run_dir: str, timed_exchanges: bool) -> int:
     import torch.distributed._functional_collectives as funcol
 
     import llmtrain.parallel.expert_parallel as expert_parallel
-    from llmtrain import worker as llmtrain_worker
-    from llmtrain.train.trainer import Trainer
 
     clock = ExchangeClock()
     timed = timed_all_to_all_function()
@@ -137,56 +116,29 @@ def worker(run_dir: str, timed_exchanges: bool) -> int:
         clock.add("counts", clock.now() - start)
         return received
 
-    train_step = Trainer.train_step
-
-    def marked_train_step(self):
-        clock.begin(self.step + 1)
-        try:
-            return train_step(self)
-        finally:
-            clock.end()
-
-    if timed_exchanges:
+    def swap():
         expert_parallel.group_all_to_all = group_all_to_all
         expert_parallel.exchange_counts = exchange_counts
-    Trainer.train_step = marked_train_step
-    code = llmtrain_worker.main([run_dir])
-    rank = int(os.environ["RANK"])
-    Path(run_dir, TIMING_FILE.format(rank=rank)).write_text(json.dumps({"rank": rank, "steps": clock.steps}))
-    return code
+
+    return BENCH.worker(run_dir, clock, swap if timed_exchanges else None)
 
 
 # ---------------------------------------------------------------------------------------------------- the table
 
-def _mean(values) -> float:
-    values = list(values)
-    return sum(values) / len(values)
-
-
 def summarize(ranks: list[dict], rows: list[dict], steps: int, skip: int) -> dict:
     """One run's figures over steps skip+1..steps from every rank's timing record and the metrics rows."""
-    timed = list(range(skip + 1, steps + 1))
-    step_time = {r["step"]: r["step_time_s"] for r in rows if "step_time_s" in r}
-    missing = [s for s in timed if s not in step_time]
-    if missing:
-        raise ValueError(f"metrics.jsonl has no step_time_s for steps {missing} (train.log_interval=1 gives every step)")
-    per_rank = []
-    for record in sorted(ranks, key=lambda r: r["rank"]):
-        by_step = {s["step"]: s for s in record["steps"]}
-        if any(s not in by_step for s in timed):
-            raise ValueError(f"rank {record['rank']}'s timing lacks steps of {timed[0]}..{timed[-1]}")
-        mine = [by_step[s] for s in timed]
-        per_rank.append({"all_to_all_s": _mean(s["pairs_s"] + s["counts_s"] for s in mine),
-                         "counts_s": _mean(s["counts_s"] for s in mine),
-                         "bytes_sent": _mean(s["bytes_sent"] for s in mine),
-                         "pairs": _mean(s["pairs"] for s in mine), "counts": _mean(s["counts"] for s in mine)})
-    step_s = _mean(step_time[s] for s in timed)
-    mean_s = _mean(r["all_to_all_s"] for r in per_rank)
+    metrics, timed = harness.timed_steps(ranks, rows, steps, skip)
+    mean = harness.mean
+    per_rank = [{"all_to_all_s": mean(s["pairs_s"] + s["counts_s"] for s in mine),
+                 "counts_s": mean(s["counts_s"] for s in mine), "bytes_sent": mean(s["bytes_sent"] for s in mine),
+                 "pairs": mean(s["pairs"] for s in mine), "counts": mean(s["counts"] for s in mine)} for mine in timed]
+    step_s = mean(metrics["step_time_s"])
+    mean_s = mean(r["all_to_all_s"] for r in per_rank)
     return {"step_ms": 1e3 * step_s, "all_to_all_ms": 1e3 * mean_s,
             "all_to_all_max_ms": 1e3 * max(r["all_to_all_s"] for r in per_rank),
-            "counts_ms": 1e3 * _mean(r["counts_s"] for r in per_rank), "share": mean_s / step_s,
-            "sent_kib": _mean(r["bytes_sent"] for r in per_rank) / 1024,
-            "pairs": _mean(r["pairs"] for r in per_rank), "counts": _mean(r["counts"] for r in per_rank)}
+            "counts_ms": 1e3 * mean(r["counts_s"] for r in per_rank), "share": mean_s / step_s,
+            "sent_kib": mean(r["bytes_sent"] for r in per_rank) / 1024,
+            "pairs": mean(r["pairs"] for r in per_rank), "counts": mean(r["counts"] for r in per_rank)}
 
 
 COLUMNS = [("step_ms", "step ms", "{:.1f}"), ("all_to_all_ms", "all-to-all ms (mean)", "{:.1f}"),
@@ -194,21 +146,9 @@ COLUMNS = [("step_ms", "step ms", "{:.1f}"), ("all_to_all_ms", "all-to-all ms (m
            ("share", "share of step", "{:.1%}"), ("sent_kib", "sent KiB/rank", "{:,.0f}")]
 
 
-def cell(values: list[float], fmt: str) -> str:
-    """The median, and the range when there are several runs."""
-    text = fmt.format(statistics.median(values))
-    if len(values) > 1 and min(values) != max(values):
-        text += f" [{fmt.format(min(values))}-{fmt.format(max(values))}]"
-    return text
-
-
 def table(results: dict[str, list[dict]]) -> list[str]:
     """Markdown rows: a layout per row, each figure the median over its runs [min-max]."""
-    lines = ["| layout | " + " | ".join(name for _, name, _ in COLUMNS) + " |",
-             "|---|" + "---:|" * len(COLUMNS)]
-    for layout, runs in results.items():
-        lines.append(f"| {layout} | " + " | ".join(cell([r[key] for r in runs], fmt) for key, _, fmt in COLUMNS) + " |")
-    return lines
+    return harness.table(results, COLUMNS)
 
 
 # ---------------------------------------------------------------------------------------------------- one run
@@ -216,46 +156,11 @@ def table(results: dict[str, list[dict]]) -> list[str]:
 def overrides(a, procs: int, ep: int, run_dir: str) -> list[str]:
     model = [] if any(o.startswith("model=") for o in a.overrides) else ["model=moe-tiny"]
     return [f"run.dir={run_dir}", *model, "data=stdlib", *a.overrides, f"parallel.ep={ep}",
-            f"parallel.zero={a.zero}", f"train.micro_batch_size={a.micro}", f"train.global_batch_size={a.batch}",
-            f"train.max_steps={a.steps}", "train.log_interval=1", "train.eval_interval=0", "checkpoint.at_end=false",
-            "checkpoint.resume=none", f"cluster.nproc_per_node={procs}", "device=cpu", "precision=fp32",
-            "launch.omp_num_threads=1"]
-
-
-def prepare(a, procs: int, ep: int, run_dir: str):
-    """The run directory as `llmtrain launch` leaves it for the workers; bad overrides fail here, one line."""
-    from rich.console import Console
-
-    from llmtrain.errors import LlmtrainError
-    from llmtrain.launch.config_probes import compose_here, validate_here
-    from llmtrain.launch.run import check_resume, prepare_data, prepare_run_dir
-
-    try:
-        origins: dict[str, str] = {}
-        cfg = compose_here(overrides(a, procs, ep, run_dir), origins=origins)
-        validate_here(cfg)
-        prepare_data(cfg)
-        check_resume(cfg, Console(quiet=True), origins)
-        prepare_run_dir(cfg)
-    except LlmtrainError as e:  # bad input: one line, and its exit code (2)
-        print(f"bench_ep_cpu: {e}", file=sys.stderr)
-        sys.exit(e.exit_code)
-    return cfg
+            f"parallel.zero={a.zero}", *harness.fixed_overrides(a, procs)]
 
 
 def run(a, procs: int, ep: int, timed: bool = True) -> dict:
-    with tempfile.TemporaryDirectory(prefix="bench-ep-") as tmp:
-        run_dir = os.path.join(tmp, "run")
-        prepare(a, procs, ep, run_dir)
-        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={procs}",
-                __file__, "--worker", run_dir, *([] if timed else ["--untimed"])]
-        proc = subprocess.run(argv, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True)
-        if proc.returncode:
-            logs = "".join(f"--- rank {r}\n" + Path(run_dir, "logs", f"rank{r}.log").read_text(errors="replace")[-2000:]
-                           for r in range(procs) if Path(run_dir, "logs", f"rank{r}.log").exists())
-            sys.exit(f"the ep={ep} run on {procs} processes failed ({proc.returncode}):\n{proc.stderr[-3000:]}\n{logs}")
-        rows = [json.loads(line) for line in Path(run_dir, "metrics.jsonl").read_text().splitlines() if line.strip()]
-        ranks = [json.loads(Path(run_dir, TIMING_FILE.format(rank=r)).read_text()) for r in range(procs)]
+    rows, ranks = BENCH.run(partial(overrides, a, procs, ep), procs, timed, f"ep={ep}")
     return summarize(ranks, rows, a.steps, a.skip)
 
 
@@ -274,28 +179,16 @@ def main() -> int:
     p.add_argument("--ep", type=sizes, default=[2, 4], metavar="P[,P...]",
                    help="expert parallel sizes (default 2,4); each runs on that many processes, with its ep=1 "
                         "reference")
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--skip", type=int, default=5, help="warm-up steps left out")
-    p.add_argument("--batch", type=int, default=8, help="train.global_batch_size")
-    p.add_argument("--micro", type=int, default=2, help="train.micro_batch_size")
+    harness.add_run_arguments(p, repeats=3, steps=30, skip=5, batch=8, micro=2)
     p.add_argument("--zero", type=int, default=0, choices=[0, 2, 3], help="parallel.zero of every run")
-    p.add_argument("--control", action="store_true",
-                   help="also run each ep layout with the plain exchanges: its step time shows what the timers cost")
-    p.add_argument("--worker", metavar="RUN_DIR", help=argparse.SUPPRESS)
-    p.add_argument("--untimed", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("overrides", nargs="*", help="llmtrain key=value overrides")
-    a = p.parse_args()
-    if a.worker:
-        return worker(a.worker, timed_exchanges=not a.untimed)
-    if not 1 <= a.skip < a.steps:
-        p.error("need 1 <= --skip < --steps")
+    harness.add_control_and_worker_arguments(
+        p, "also run each ep layout with the plain exchanges: its step time shows what the timers cost")
+    a = harness.parse_args(p, worker)
 
     layouts = [(procs, ep, True) for procs in a.ep for ep in (1, procs)]
     layouts += [(procs, procs, False) for procs in a.ep] if a.control else []
     for procs, ep, _ in layouts:  # every config checked before the first run
-        with tempfile.TemporaryDirectory(prefix="bench-ep-") as tmp:
-            prepare(a, procs, ep, os.path.join(tmp, "run"))
+        BENCH.check(partial(overrides, a, procs, ep))
     print(f"{' '.join(a.overrides) or 'model=moe-tiny'}: global batch {a.batch}, micro-batch {a.micro}, fp32 CPU, "
           f"gloo, OMP_NUM_THREADS=1, parallel.zero={a.zero}; steps {a.skip + 1}..{a.steps} of {a.steps}; "
           f"{a.repeats} repeats", flush=True)

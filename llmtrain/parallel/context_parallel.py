@@ -49,11 +49,6 @@ def sequence_order(seq_len: int, cp: int) -> torch.Tensor:
     return torch.argsort(gathered)
 
 
-def split_sequence(x: torch.Tensor, seq_len: int, cp: int, rank: int, dim: int = 1) -> torch.Tensor:
-    """Rank `rank`'s share of `x` along `dim` (a sequence of seq_len)."""
-    return x.index_select(dim, rank_positions(seq_len, cp, rank).to(x.device))
-
-
 class ContextParallelCore:
     """An attention core (q, k, v) -> y over this rank's two chunks, with keys and values from the whole group."""
 
@@ -80,7 +75,9 @@ class ContextParallelCore:
     def _whole(self, t: torch.Tensor) -> torch.Tensor:
         """(b, heads, local, d) -> (b, heads, seq_len, d) in sequence order."""
         gathered = gather_sequence(t.permute(2, 0, 1, 3), self.group)  # torch gathers along dim 0 only
-        return gathered.index_select(0, self.order.to(t.device)).permute(1, 2, 0, 3)
+        if self.order.device != t.device:
+            self.order = self.order.to(t.device)  # once, not a host-to-device copy per layer
+        return gathered.index_select(0, self.order).permute(1, 2, 0, 3)
 
 
 def gather_sequence(t: torch.Tensor, group) -> torch.Tensor:

@@ -3,21 +3,11 @@ records and metrics rows (no process group: the all-to-all and the clock are sta
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
+from helpers.bench_scripts import fake_clock, load
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_ep_cpu.py"
-spec = importlib.util.spec_from_file_location("bench_ep_cpu", SCRIPT)
-bench = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bench)
-
-
-def fake_clock(times: list[float]) -> bench.ExchangeClock:
-    ticks = iter(times)
-    return bench.ExchangeClock(now=lambda: next(ticks))
+bench = load("bench_ep_cpu")
 
 
 def test_timed_exchange_counts_forward_and_backward_seconds_and_bytes_sent():
@@ -27,7 +17,7 @@ def test_timed_exchange_counts_forward_and_backward_seconds_and_bytes_sent():
         calls.append((tuple(t.shape), output_splits, input_splits))
         return t.new_full((sum(output_splits), t.shape[1]), float(len(t)))
 
-    clock = fake_clock([10.0, 10.5, 20.0, 20.25])
+    clock = fake_clock(bench.ExchangeClock, [10.0, 10.5, 20.0, 20.25])
     timed = bench.timed_all_to_all_function()
     x = torch.zeros(6, 4, requires_grad=True)  # 16 bytes a row
     clock.begin(7)
@@ -76,8 +66,8 @@ def test_table_gives_median_and_range_over_repeats():
     run = {"step_ms": 100.0, "all_to_all_ms": 20.0, "all_to_all_max_ms": 25.0, "counts_ms": 5.0, "share": 0.2,
            "sent_kib": 3072.0}
     slower = dict(run, step_ms=140.0, share=0.25)
-    assert bench.cell([3.0, 1.0, 2.0], "{:.1f}") == "2.0 [1.0-3.0]"
-    assert bench.cell([3.0, 3.0], "{:.1f}") == "3.0"
+    assert bench.harness.cell([3.0, 1.0, 2.0], "{:.1f}") == "2.0 [1.0-3.0]"
+    assert bench.harness.cell([3.0, 3.0], "{:.1f}") == "3.0"
     assert bench.table({"2 procs, ep2": [run, slower, run]}) == [
         "| layout | step ms | all-to-all ms (mean) | (max rank) | of which counts | share of step | sent KiB/rank |",
         "|---|---:|---:|---:|---:|---:|---:|",
