@@ -107,13 +107,16 @@ def main(argv: list[str] | None = None) -> int:
     from llmtrain.config import load_run_config
     from llmtrain.launch.launch_record import batch_origin, newest_launch
     from llmtrain.launch.config_probes import validate_here
+    from llmtrain.launch.shape.start_record import config_for_start
     from llmtrain.train import collective_trace, collective_wait, hang_signals
     from llmtrain.train.preemption import Preempted, PreemptionFlag
     from llmtrain.train.device import resolve_device
     from llmtrain.train.trainer import Trainer
 
     try:
-        cfg = load_run_config(paths.config)
+        entry = newest_launch(run_dir)
+        # A start on fewer nodes than asked trains the layout its launcher recorded (launch/shape/).
+        cfg = config_for_start(load_run_config(paths.config), entry, int(os.environ.get("WORLD_SIZE", 1)))
         # The launcher validated it on its node; this node may lack what it found there (a package, a file).
         validate_here(cfg)
         if cfg.launch.straggler_factor:
@@ -125,7 +128,6 @@ def main(argv: list[str] | None = None) -> int:
         device = resolve_device(cfg.device, int(os.environ.get("LOCAL_RANK", 0)))
         init_process_group(device.type, cfg.launch.pg_timeout_s)
         # The checkpoint the launcher announced (PATH may read otherwise in this node's working directory).
-        entry = newest_launch(run_dir)
         launched = Resolution.from_record(entry.get("resume"), cfg.checkpoint.resume)
         trainer = Trainer(cfg, run_dir, device, launched, batch_origin(entry, cfg.train.global_batch_size))
         trainer.train()

@@ -33,7 +33,7 @@ log() { echo "testcluster: $*" >&2; }
 die() { log "$*"; exit 1; }
 skip() { echo "testcluster: $*" >&2; exit 77; }
 
-usage() { echo "usage: $0 {up|down|status} STATE_DIR" >&2; exit 2; }
+usage() { echo "usage: $0 {up|down|status} STATE_DIR | {node-down|node-up} STATE_DIR NODE" >&2; exit 2; }
 
 # ---------------------------------------------------------------------------------------------------------- helpers
 have_bins() {
@@ -483,11 +483,43 @@ EOF
   echo "testcluster up in $((SECONDS - t0))s: $summary"
 }
 
+cmd_node_down() {  # a node dies: every process in its namespace killed at once (slurmd, sshd, jobs), then Slurm
+  # is told it is down, as an admin or the health check would (waiting for SlurmdTimeout would take minutes)
+  local s=$1 n=$2
+  [ -n "${NODE_NS[$n]:-}" ] || die "no node $n (nodes: ${NODES[*]})"
+  export SLURM_CONF="$s/slurm.conf"
+  local pids
+  pids=$(ip netns pids "${NODE_NS[$n]}" || true)
+  [ -z "$pids" ] || kill -9 $pids 2>/dev/null || true
+  scontrol update NodeName="$n" State=DOWN Reason="node-down by testcluster" || die "scontrol could not set $n down"
+  echo "testcluster: $n is down"
+}
+
+node_idle() { [ "$(sinfo -h -n "$1" -o %T 2>/dev/null)" = idle ]; }
+
+cmd_node_up() {  # the node comes back: its slurmd and sshd started again, Slurm told to use it
+  local s=$1 n=$2
+  [ -n "${NODE_NS[$n]:-}" ] || die "no node $n (nodes: ${NODES[*]})"
+  export SLURM_CONF="$s/slurm.conf"
+  in_node "$n" "exec slurmd -f '$SLURM_CONF'" || die "slurmd on $n failed to start (see $s/slurmd-$n.log)"
+  in_node "$n" "exec /usr/sbin/sshd -f '$s/ssh/sshd_config-$n' -E '$s/sshd-$n.log'" \
+    || die "sshd on $n failed to start (see $s/sshd-$n.log)"
+  scontrol update NodeName="$n" State=RESUME >/dev/null 2>&1 || true
+  wait_until 30 "$n to be idle" node_idle "$n" || die "$n did not come back idle"
+  wait_until 15 "ssh to $n" ssh -F "$s/ssh_config" "$n" true || die "ssh to $n does not answer"
+  echo "testcluster: $n is up"
+}
+
 # ------------------------------------------------------------------------------------------------------------- main
-[ $# -eq 2 ] || usage
+case "$1" in
+  up|down|status) [ $# -eq 2 ] || usage ;;
+  node-down|node-up) [ $# -eq 3 ] || usage ;;
+  *) usage ;;
+esac
 case "$1" in
   up) cmd_up "$2" ;;
   down) cmd_down "$2" ;;
   status) cmd_status "$2" ;;
-  *) usage ;;
+  node-down) cmd_node_down "$2" "$3" ;;
+  node-up) cmd_node_up "$2" "$3" ;;
 esac

@@ -127,11 +127,13 @@ class CheckpointManager:
         return self.saved
 
     # ---- state ----------------------------------------------------------------------------------------------
-    def state_dict(self, for_load: bool = False, include_rng: bool = True, mixture: bool = True) -> dict:
-        """`mixture`: include the data=mix history (a load asks for it only when the checkpoint has one). "extra"
-        is a copy of the TrainingState as it is now: an async save writes it while training goes on."""
+    def state_dict(self, for_load: bool = False, include_rng: bool = True, mixture: bool = True,
+                   skipped: bool | None = None) -> dict:
+        """`mixture`: include the data=mix history (a load asks for it only when the checkpoint has one), `skipped`
+        the rolled-back sample ranges likewise. "extra" is a copy of the TrainingState as it is now: an async save
+        writes it while training goes on."""
         out = {"model": ModelState(self.parts), "optim": OptimizerState(self.parts, self.optimizer, for_load),
-               "extra": self.state.state_dict(mixture)}
+               "extra": self.state.state_dict(mixture, skipped)}
         if include_rng:
             out["rng"] = {f"rank{self.rank}": torch.get_rng_state()}
         return out
@@ -219,7 +221,9 @@ class CheckpointManager:
             with open(os.path.join(tmp, "config.yaml"), "w") as f:
                 f.write(to_yaml(self.cfg))
             mixture = state["extra"].get("mixture")
+            skipped = state["extra"].get("skipped")  # loss-spike rollbacks: a load asks for them by this key
             final = store.finalize(tmp, {**({"mixture": json.loads(mixture)} if mixture else {}),
+                                         **({"skipped": json.loads(skipped)} if skipped else {}),
                                          "step": step, "complete": True, "layout": layout_of(self.cfg),
                                          "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
                                          # training time of the whole run up to this step, over every launch
@@ -241,7 +245,8 @@ class CheckpointManager:
         line (a restart's number)."""
         meta = store.verify(path, crc=False)
         same_layout = meta.get("layout") == layout_of(self.cfg)
-        state = self.state_dict(for_load=True, include_rng=same_layout, mixture="mixture" in meta)
+        state = self.state_dict(for_load=True, include_rng=same_layout, mixture="mixture" in meta,
+                                skipped="skipped" in meta)
         try:
             dcp.load(state, checkpoint_id=path, process_group=self.group)
         except Exception as e:

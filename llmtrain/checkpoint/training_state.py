@@ -3,11 +3,13 @@
 The trainer owns one and advances it every step; the checkpoint manager saves and restores it and never touches the
 trainer. Its state_dict is the checkpoint's "extra" entry, with the keys every checkpoint has had: step,
 samples_seen, tokens_seen, scaler (the loss scaler's state), and for data=mix the mixture's history of weights as
-JSON text (mixture). The training time is not in it: each checkpoint's meta.json records it (elapsed_s).
+JSON text (mixture); once a loss spike was rolled back, the skipped sample ranges as JSON text (skipped, the entries
+of rundir/spike_record.py). The training time is not in it: each checkpoint's meta.json records it (elapsed_s).
 """
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -36,6 +38,8 @@ class TrainingState(Stateful):
     # Set by load_state_dict: this run's data.sources weights differ from the checkpoint's, so a new mixture
     # segment starts at samples_seen.
     new_mixture_segment: bool = False
+    # Loss-spike rollbacks so far (train/rollback.py): their skipped ranges go with every later checkpoint.
+    skipped: list[dict] = field(default_factory=list)
 
     def elapsed_s(self) -> float:
         """Training time of the whole run so far, over every launch that led to this state."""
@@ -54,13 +58,16 @@ class TrainingState(Stateful):
     def mixture_text(self) -> str | None:
         return self.data.state_text(self.samples_seen) if self.data is not None else None
 
-    def state_dict(self, mixture: bool = True) -> dict:
-        """`mixture=False` leaves the mixture out: a load asks for it only when the checkpoint has one."""
+    def state_dict(self, mixture: bool = True, skipped: bool | None = None) -> dict:
+        """`mixture=False` leaves the mixture out: a load asks for it only when the checkpoint has one; `skipped`
+        likewise (None: when there is any)."""
         out = {"step": self.step, "samples_seen": self.samples_seen, "tokens_seen": self.tokens_seen,
                "scaler": self.scaler.state_dict()}
         text = self.mixture_text() if mixture else None
         if text is not None:
             out["mixture"] = text
+        if skipped or (skipped is None and self.skipped):
+            out["skipped"] = json.dumps(self.skipped)
         return out
 
     def load_state_dict(self, state: dict) -> None:
@@ -68,5 +75,6 @@ class TrainingState(Stateful):
         self.samples_seen = int(state["samples_seen"])
         self.tokens_seen = int(state["tokens_seen"])
         self.scaler.load_state_dict(state["scaler"])
+        self.skipped = json.loads(state["skipped"]) if state.get("skipped") else []
         self.new_mixture_segment = bool(state.get("mixture") is not None and self.data is not None
                                         and self.data.load_state_text(state["mixture"], self.samples_seen))

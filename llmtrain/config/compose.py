@@ -19,6 +19,7 @@ from llmtrain.config.errors import ConfigError
 from llmtrain.config.key_origin import unknown_key_error
 from llmtrain.config.override_checks import check_deletions, quoting_error
 from llmtrain.config.schema import DataSourceConfig, LLMTrainConfig, ModelConfig
+from llmtrain.launch.backends.traits import known_traits
 
 PRIMARY_CONFIG = "config"
 
@@ -182,7 +183,8 @@ def _nproc_from_hostfile(cluster: DictConfig, slots_per_node) -> int:
     """cluster.nproc_per_node=null (cluster=ssh's default): the hostfile's slots per host. Resolved here, before
     the world size is derived and validated, so the rest of llmtrain always sees a number; the launcher passes
     the reader of its hostfile (`slots_per_node`)."""
-    if cluster.name != "ssh":
+    traits = known_traits(cluster.name)  # composed, not yet validated: the name may be unknown
+    if traits is None or not traits.uses_hostfile:
         raise ConfigError("cluster.nproc_per_node", "null (the hostfile's slots) needs cluster=ssh; give a number")
     if OmegaConf.is_missing(cluster, "hostfile") or not cluster.hostfile:
         raise ConfigError("cluster.hostfile", "cluster=ssh needs a hostfile: cluster.hostfile=FILE (lines of "

@@ -141,6 +141,22 @@ MAX_AUTO_MICRO_BATCH_SIZE = 8
 
 
 @dataclass
+class SpikeConfig:
+    # What a loss spike does: stop (a streak of train.max_bad_steps non-finite steps, or a sigma spike, stops the
+    # run without saving), rollback (reload the newest checkpoint before it, skip its samples, go on) or warn.
+    policy: str = choice("stop", "stop", "rollback", "warn")
+    metric: str = choice("loss", "loss", "grad_norm")
+    # Trailing steps whose mean and standard deviation the rule compares against; no verdict before it is full.
+    window: int = 50
+    # A step whose metric exceeds mean + sigma x std of the window is a spike; null = only non-finite streaks.
+    sigma: Optional[float] = None
+    # Steps' worth of samples skipped past the spike step on a rollback.
+    margin_steps: int = 10
+    # Rollbacks a run may take (over every launch of it); the next spike stops the run.
+    max_rollbacks: int = 3
+
+
+@dataclass
 class TrainConfig:
     max_steps: int = 300
     # Stop this launch (with a checkpoint) once this step is reached; the schedule still runs to max_steps and
@@ -165,6 +181,7 @@ class TrainConfig:
     eval_interval: int = 100
     eval_steps: int = 4
     max_bad_steps: int = 5
+    spike: SpikeConfig = field(default_factory=SpikeConfig)
     # torch.compile each transformer block (in place, parameter names unchanged).
     compile: bool = False
 

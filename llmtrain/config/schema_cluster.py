@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import List, Optional
 
 from llmtrain.config.schema_choice import choice
+from llmtrain.launch.backends.traits import BACKEND_NAMES
 
 
 @dataclass
@@ -29,8 +30,11 @@ class ContainerConfig:
 @dataclass
 class ClusterConfig:
     # local (this node) | ssh (hosts of a hostfile) | slurm (sbatch)
-    name: str = choice("local", "local", "ssh", "slurm")
+    name: str = choice("local", *BACKEND_NAMES)
     nnodes: int = 1
+    # The fewest nodes a run accepts (null = cluster.nnodes). A start on fewer nodes than nnodes (nodes down,
+    # excluded, unreachable) re-plans the layout for the nodes it has and resumes; a later start grows back.
+    min_nnodes: Optional[int] = None
     # null (cluster=ssh's default): the slots of the hostfile's hosts, which must all be the same.
     nproc_per_node: Optional[int] = 2
     # local: this node's rank when you start each node by hand.

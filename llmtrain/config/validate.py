@@ -12,6 +12,7 @@ from llmtrain.config.batch import division_problem
 from llmtrain.config.derived import Derived, ffn_dim, kv_heads, padded_vocab_size, world_size
 from llmtrain.config.errors import ConfigError
 from llmtrain.config.schema import SINGLE_STAGE_SCHEDULES, V_SHAPED_SCHEDULES, LLMTrainConfig, ModelConfig
+from llmtrain.launch.backends.traits import traits_of
 from llmtrain.model.registry import FAMILIES, family, family_of
 
 
@@ -277,6 +278,11 @@ def _validate_train(cfg: DictConfig) -> None:
                   "train.eval_interval", "train.eval_steps", "train.max_bad_steps")
     if t.stop_at_step is not None:
         _require(t.stop_at_step > 0, "train.stop_at_step", f"must be > 0 (got {t.stop_at_step})")
+    s = t.spike
+    _require(s.window >= 2, "train.spike.window", f"must be >= 2 (got {s.window})")
+    _require(s.sigma is None or s.sigma > 0, "train.spike.sigma", f"must be > 0 or null (got {s.sigma})")
+    for key in ("margin_steps", "max_rollbacks"):
+        _require(s[key] >= 0, f"train.spike.{key}", f"must be >= 0 (got {s[key]})")
     _require(t.min_lr <= t.lr, "train.min_lr", f"min_lr={t.min_lr} must not exceed train.lr={t.lr}")
     for key in ("beta1", "beta2"):
         _require(0.0 <= t[key] < 1.0, f"train.{key}", f"must be in [0, 1) (got {t[key]})")
@@ -343,6 +349,8 @@ def _validate_cluster(cfg: DictConfig) -> None:
     c = cfg.cluster
     _positive(cfg, "cluster.nnodes", "cluster.nproc_per_node", "doctor.connect_timeout_s")
     _require(0 <= c.node_rank < c.nnodes, "cluster.node_rank", f"must be in [0, {c.nnodes}) (got {c.node_rank})")
+    _require(c.min_nnodes is None or 1 <= c.min_nnodes <= c.nnodes, "cluster.min_nnodes",
+             f"must be in [1, cluster.nnodes={c.nnodes}], or null for cluster.nnodes (got {c.min_nnodes})")
     _require(0 <= c.master_port < 65536, "cluster.master_port", f"must be a port number (got {c.master_port})")
     _require(cfg.launch.max_restarts >= 0, "launch.max_restarts", f"must be >= 0 (got {cfg.launch.max_restarts})")
     _require(cfg.launch.pg_timeout_s > 0, "launch.pg_timeout_s", f"must be > 0 (got {cfg.launch.pg_timeout_s})")
@@ -364,7 +372,7 @@ def _validate_cluster(cfg: DictConfig) -> None:
     _require(c.bad_node_failures >= 1, "cluster.bad_node_failures", f"must be >= 1 (got {c.bad_node_failures})")
     _non_negative(cfg, "cluster.max_starts_without_progress")
     _require(cfg.checkpoint.keep >= 1, "checkpoint.keep", f"must be >= 1 (got {cfg.checkpoint.keep})")
-    if c.name == "ssh":
+    if traits_of(c.name).uses_hostfile:
         _require(c.hostfile not in (None, "???"), "cluster.hostfile",
                  "cluster=ssh needs a hostfile: cluster.hostfile=FILE (lines of 'hostname slots=N')")
 

@@ -30,6 +30,7 @@ from llmtrain.doctor.node_availability import nodes_ready
 from llmtrain.doctor.findings import problems, render
 from llmtrain.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from llmtrain.launch.backends.registry import get_backend
+from llmtrain.launch.backends.traits import traits_of
 from llmtrain.launch.supervision.monitor import Monitor
 from llmtrain.rundir.atomic import atomic_write_json
 from llmtrain.rundir.paths import RunPaths
@@ -79,7 +80,7 @@ def record_verdict(path: str, found: list[str]) -> None:
 
 def run_doctor(cfg: DictConfig, max_bytes: int | None, iters: int) -> int:
     console = get_console()
-    if cfg.cluster.name == "slurm":
+    if traits_of(cfg.cluster.name).queued:
         cfg.cluster.follow = True  # the report needs the job to finish
         cfg.cluster.requeue = False  # a preflight is run again by hand, never by Slurm
         cfg.cluster.job_name = cfg.cluster.job_name or "llmtrain-doctor"

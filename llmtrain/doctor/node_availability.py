@@ -1,9 +1,9 @@
 """`llmtrain doctor`'s first step: can every node be used at all? Checked before any job starts, so a dead host
 is named in seconds instead of surfacing as a rendezvous that never completes.
 
-cluster=ssh: every host of the hostfile (after cluster.include / cluster.exclude) answers over ssh.
-cluster=slurm: the partition has at least cluster.nnodes nodes that are not down, drained or not responding.
-cluster=local: nothing to check (this node is the one running).
+A backend that probes its hosts (ssh): every host of the hostfile (after cluster.include / cluster.exclude) answers
+over ssh. One whose scheduler lists its nodes' states (Slurm): the partition has at least cluster.nnodes nodes that
+are not down, drained or not responding. Otherwise (local) nothing to check: this node is the one running.
 """
 
 from __future__ import annotations
@@ -14,13 +14,15 @@ from rich.console import Console
 from llmtrain.console import plain
 from llmtrain.launch.hostfile import parse_hostfile, select_hosts
 from llmtrain.launch.backends.reachability import check_hosts
-from llmtrain.launch.backends.slurm_nodes import parse_sinfo, run_sinfo
+from llmtrain.launch.backends.traits import traits_of
+from llmtrain.slurm.node_states import parse_sinfo, run_sinfo
 
 
 def nodes_ready(cfg: DictConfig, console: Console) -> bool:
-    if cfg.cluster.name == "ssh":
+    traits = traits_of(cfg.cluster.name)
+    if traits.probes_hosts:
         return ssh_hosts_ready(cfg, console)
-    if cfg.cluster.name == "slurm":
+    if traits.lists_node_states:
         return slurm_nodes_ready(cfg, console)
     return True
 

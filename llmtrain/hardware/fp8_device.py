@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from llmtrain.config.errors import ConfigError
 from llmtrain.config.hardware_keys import parse_capability
+from llmtrain.launch.backends.traits import traits_of
 
 FP8_MIN_CAPABILITY = (8, 9)  # float8 tensor cores: Ada (8.9), Hopper (9.0), Blackwell (10.0)
 
@@ -36,7 +37,7 @@ def configured_device_problem(cfg) -> str | None:
         if hw.peak_tflops and "float8" not in hw.peak_tflops:  # e.g. an AMD GPU without fp8 (no capability)
             return _refusal(f"hardware={hw.name} has no float8 matmuls")
         return None
-    if cfg.cluster.name == "local":
+    if traits_of(cfg.cluster.name).launcher_is_the_node:  # it runs the workers: its device is theirs
         return node_device_problem(cfg.device)
     return None
 

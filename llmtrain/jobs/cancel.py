@@ -21,7 +21,7 @@ from llmtrain.console import say
 from llmtrain.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, CancelError
 from llmtrain.jobs import named_run_dir
 from llmtrain.slurm.client import cancel as scancel
-from llmtrain.jobs.job_state import LAUNCHER_OWNED, UNKNOWN, JobState, describe_launcher, job_state
+from llmtrain.jobs.job_state import UNKNOWN, JobState, describe_launcher, job_state, launcher_owned
 from llmtrain.launch.supervision.line_follower import LineFollower
 from llmtrain.rundir.paths import RunPaths
 
@@ -97,7 +97,7 @@ def run_cancel(args) -> int:
 
     run_dir, cfg = named_run_dir.load(args.run_dir)
     job = job_state(run_dir)
-    owned = (job.launch.get("backend") or cfg.cluster.name) in LAUNCHER_OWNED
+    owned = launcher_owned(job.launch.get("backend") or cfg.cluster.name)
     if not job.live:
         left = processes.kill_all(cfg.run.dir) if args.now and owned else 0
         say(f"nothing to cancel: no job runs in {run_dir} ({job.state}: {job.reason})"

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from llmtrain.errors import EXIT_HANGUP
 from llmtrain.rundir.job_record import read_launches
 from llmtrain.jobs.slurm_query import SlurmJob, query
+from llmtrain.launch.backends.traits import known_traits
 from llmtrain.launch.supervision.failures import errored_ranks, rank_statuses, read_only, stopped_short
 from llmtrain.launch.supervision.placement import describe_rank
 from llmtrain.launch.run_lock import holder_gone
@@ -25,8 +26,6 @@ FINISHED, FAILED, INTERRUPTED, PREEMPTED = "finished", "failed", "interrupted", 
 STOPPED = "stopped"  # ended well at train.stop_at_step, short of train.max_steps
 HUNG_UP = "hung up"  # its launcher got SIGHUP (a closed terminal): the workers checkpointed, as on preemption
 LAUNCHER_INTERRUPTED, LAUNCHER_PREEMPTED = 130, 143
-# Backends whose launcher owns the job's processes: how it exited is how the job ended.
-LAUNCHER_OWNED = ("local", "ssh")
 
 
 @dataclass
@@ -56,6 +55,13 @@ def read_holder(run_dir: str) -> dict:
     except (OSError, ValueError):
         return {"host": "?", "pid": -1}
     return holder if isinstance(holder, dict) else {"host": "?", "pid": -1}
+
+
+def launcher_owned(backend: str | None) -> bool:
+    """Whether the launcher of a launch recorded with this backend owned the job's processes, so that how it exited
+    is how the job ended; a name this llmtrain does not know (an old record) is not."""
+    traits = known_traits(backend)
+    return traits is not None and traits.owns_processes
 
 
 def describe_launcher(holder: dict) -> str:
@@ -110,7 +116,7 @@ def _live(holder: dict, slurm: SlurmJob | None) -> JobState | None:
 def _ended(run_dir: str, launch: dict, slurm: SlurmJob | None) -> tuple[str, str]:
     """(state, reason) of a job that no longer runs."""
     statuses = rank_statuses(run_dir)
-    owned = launch.get("backend") in LAUNCHER_OWNED
+    owned = launcher_owned(launch.get("backend"))
     code = launch.get("exit_code") if owned else None
     errors = errored_ranks(statuses)
     preempted = {r: s for r, s in statuses.items() if s.get("status") == "preempted"}

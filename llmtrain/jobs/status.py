@@ -3,8 +3,8 @@
 The state and its reason (state.py), the backend, launch number and job id, the nodes, the step reached of
 max_steps, the newest complete checkpoint, the last metrics row (loss, tokens/s, MFU where it has one to show, else
 a line why: rundir/mfu_field.py) and the run's training time (the last row's elapsed_s, which counts every launch
-of the run), the newest stragglers named, and the goodput ledger summed over the run's starts. --json prints the
-same facts as one object.
+of the run), the newest stragglers named, the loss-spike rollbacks so far (RUN_DIR/spikes.json), and the goodput
+ledger summed over the run's starts. --json prints the same facts as one object.
 """
 
 from __future__ import annotations
@@ -18,10 +18,11 @@ from llmtrain.errors import EXIT_FAILED, EXIT_HANGUP, EXIT_INTERRUPTED, EXIT_OK,
 from llmtrain.jobs import named_run_dir
 from llmtrain.rundir.job_record import read_launches
 from llmtrain.rundir.mfu_field import not_shown, shown_mfu
-from llmtrain.jobs.job_state import LAUNCHER_OWNED, PENDING, JobState, job_state
+from llmtrain.jobs.job_state import PENDING, JobState, job_state, launcher_owned
 from llmtrain.rundir import goodput
 from llmtrain.rundir.metrics_file import read_metrics
 from llmtrain.rundir.node_ledger import read_ledger
+from llmtrain.rundir.spike_record import read_rollbacks, summary
 from llmtrain.rundir.paths import RunPaths
 
 TAIL_BYTES = 1 << 16  # the last train row is near the end of metrics.jsonl: read only this much first
@@ -80,6 +81,7 @@ def facts(run_dir: str, cfg, job: JobState | None = None) -> dict:
         "excluded_nodes": (ledger.get("excluded") or {}).get("hosts"),
         "stopped": (ledger.get("stopped") or {}).get("reason"),
         "stragglers": last_stragglers(run_dir), "goodput": goodput.read_ledger(run_dir),
+        "rollbacks": read_rollbacks(run_dir),  # loss spikes rolled back (RUN_DIR/spikes.json)
     }
 
 
@@ -140,7 +142,7 @@ EXIT_MEANINGS = {EXIT_OK: "finished", EXIT_FAILED: "failed", EXIT_INTERRUPTED: "
 def _launch_line(entry: dict) -> str:
     code = entry.get("exit_code")
     if code is not None:
-        meaning = EXIT_MEANINGS.get(code) if entry.get("backend") in LAUNCHER_OWNED else None
+        meaning = EXIT_MEANINGS.get(code) if launcher_owned(entry.get("backend")) else None
         end = f"exit {code}" + (f" ({meaning})" if meaning else "")
     else:
         end = "running or killed" if entry.get("ended") is None else "ended with an error"
@@ -164,6 +166,8 @@ def lines(f: dict) -> list[str]:
         out.append(("excluded", ", ".join(f["excluded_nodes"]) + " (bad nodes, RUN_DIR/nodes.json)"))
     if f["stragglers"]:
         out.append(("stragglers", straggler_line(f["stragglers"])))
+    if f.get("rollbacks"):
+        out.append(("rollbacks", f"{len(f['rollbacks'])} so far: " + "; ".join(map(summary, f["rollbacks"]))))
     text = [f"{key:<11} {value}" for key, value in out]
     for i, (key, value) in enumerate(goodput.summary_lines(f["goodput"])):
         text.append(f"{key:<11} {value}" if i == 0 else f"  {key + ':':<17} {value}")

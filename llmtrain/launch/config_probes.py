@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 
 from llmtrain.config import compose_config, validate
 from llmtrain.config.errors import ConfigError
+from llmtrain.launch.backends.traits import traits_of
 
 APEX_EXTENSIONS = ("amp_C", "fused_layer_norm_cuda")  # FusedAdam's and FusedLayerNorm's kernels
 APEX_BUILD = ("git clone https://github.com/NVIDIA/apex && cd apex && APEX_CUDA_EXT=1 pip install -v "
@@ -61,7 +62,7 @@ def _cluster(cfg: DictConfig) -> None:
     from llmtrain.launch.container import check_container
     from llmtrain.launch.hostfile import cluster_hosts
 
-    if cfg.cluster.name == "ssh":
+    if traits_of(cfg.cluster.name).uses_hostfile:
         cluster_hosts(cfg.cluster)
     check_container(cfg)
 

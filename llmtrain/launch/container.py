@@ -23,10 +23,13 @@ from omegaconf import OmegaConf
 
 from llmtrain.config.errors import ConfigError
 from llmtrain.launch.backends.base import CONTAINER_PYTHON, node_python
+from llmtrain.launch.backends.traits import TRAITS, traits_of
 from llmtrain.launch.node.setup import setup_statements
 
-# Backends each runtime works with: pyxis is a Slurm plugin (srun options); apptainer wraps any remote command.
-BACKENDS = {"pyxis": ("slurm",), "apptainer": ("slurm", "ssh")}
+
+def backends_for(runtime: str) -> list[str]:
+    """The backends whose traits list `runtime` among their container_runtimes, by name in alphabetical order."""
+    return sorted(t.name for t in TRAITS.values() if runtime in t.container_runtimes)
 
 
 def uses_container(cfg) -> bool:
@@ -122,8 +125,8 @@ def check_container(cfg) -> None:
         _require(not c.image, "cluster.container.image",
                  f"is set ({c.image}) but cluster.container.runtime is none: choose pyxis or apptainer")
         return
-    _require(name in BACKENDS[c.runtime], "cluster.container.runtime",
-             f"{c.runtime} works with cluster={' or cluster='.join(BACKENDS[c.runtime])}, not cluster={name}"
+    _require(c.runtime in traits_of(name).container_runtimes, "cluster.container.runtime",
+             f"{c.runtime} works with cluster={' or cluster='.join(backends_for(c.runtime))}, not cluster={name}"
              + (" (it is a Slurm plugin: srun starts the container)" if c.runtime == "pyxis" else ""))
     _check_image(c)
     _require(bool(c.executable), "cluster.container.executable", "must name the apptainer (or singularity) command")

@@ -11,6 +11,7 @@ import os
 import time
 
 from llmtrain.checkpoint import store
+from llmtrain.launch.launch_record import job_launch, newest_launch
 from llmtrain.rundir.atomic import atomic_write_json
 from llmtrain.rundir.paths import RunPaths
 from llmtrain.rundir import goodput
@@ -24,9 +25,16 @@ def record_start(run_dir: str, started: float, queue_s: float = 0.0, launch: int
     entry = goodput.ledger_entry(goodput.read_events(run_dir), started, ended, queue_s=queue_s,
                                  kept_step=latest.step if latest else 0)
     entry = {"launch": launch, "job_id": job_id, "started_at": round(started, 3), "ended_at": round(ended, 3),
-             **entry}
+             **start_shape(run_dir, job_id), **entry}
     goodput.append_entry(run_dir, entry)
     return entry
+
+
+def start_shape(run_dir: str, job_id: str | None) -> dict:
+    """The start's node count and layout, from its launch's record (launch/shape/start_record.py); {} without."""
+    entry = job_launch(run_dir, job_id) if job_id else newest_launch(run_dir)
+    starts = entry.get("starts") or []
+    return {"nodes": starts[-1].get("nnodes"), "layout": starts[-1].get("layout")} if starts else {}
 
 
 def slurm_queue_s(run_dir: str, fields: dict[str, str], requeued: bool) -> float:

@@ -14,6 +14,7 @@ import socket
 import sys
 import time
 
+from llmtrain.launch.backends.traits import known_traits
 from llmtrain.rundir import space_reserve
 from llmtrain.rundir.job_record import read_launches, write_launches
 from llmtrain.rundir.paths import RunPaths
@@ -94,10 +95,15 @@ class LaunchRecord:
 
 
 def _job_entries(launches: list[dict], job_id: str) -> list[dict]:
-    """The entries of the launch that submitted Slurm job `job_id` (the newest launch while its launcher has not
-    yet recorded the id)."""
+    """The entries of the launch that submitted Slurm job `job_id` (the newest launch of a queued backend while its
+    launcher has not yet recorded the id)."""
     return [e for e in launches if str(e.get("job_id")) == str(job_id)] or \
-        [e for e in launches[-1:] if e.get("backend") == "slurm" and e.get("job_id") is None]
+        [e for e in launches[-1:] if _queued(e.get("backend")) and e.get("job_id") is None]
+
+
+def _queued(backend: str | None) -> bool:
+    traits = known_traits(backend)  # an unknown name (an old record): not queued
+    return traits is not None and traits.queued
 
 
 def note_job(run_dir: str, job_id: str, **facts) -> None:

@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 
 from llmtrain.config.errors import ConfigError
 from llmtrain.console import plain
+from llmtrain.launch.backends.traits import traits_of
 
 # Device nodes of a GPU driver: without them device=auto trains on the CPU, and torch need not be imported to know.
 GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/kfd")
@@ -47,7 +48,7 @@ def check_master_port(cfg: DictConfig) -> None:
     """A master_port the user chose must be free on this node when this node hosts the rendezvous alone (when
     unset, the launcher picks a free one)."""
     c = cfg.cluster
-    if c.name != "local" or c.nnodes != 1 or not c.master_port:
+    if not traits_of(c.name).launcher_is_the_node or c.nnodes != 1 or not c.master_port:
         return
     if port_in_use(c.master_port):
         raise ConfigError("cluster.master_port", f"port {c.master_port} on {c.master_addr} is in use by another "
@@ -92,7 +93,7 @@ def planned_peak_bytes(cfg: DictConfig) -> float:
     """`llmtrain plan`'s peak memory per rank (the heaviest pipeline rank); no hardware figure enters it."""
     from llmtrain.plan.estimate import build_plan
 
-    neutral = {"name": "local", "peak_tflops": 1.0, "memory_gib": None, "intra_node_gbs": 1.0,
+    neutral = {"name": "neutral", "peak_tflops": 1.0, "memory_gib": None, "intra_node_gbs": 1.0,
                "inter_node_gbs": 1.0, "efficiency": 0.5}
     return build_plan(cfg, 1e12, None, neutral).peak_bytes_per_rank
 
@@ -119,7 +120,7 @@ def check_memory_fit(cfg: DictConfig) -> MemoryFit | None:
     """Refuse a plan over this node's memory by more than launch.max_memory_ratio (launch.require_fit=true: over
     it at all); else the plan against the memory, or None when not known here (another backend's nodes, no GPU
     figure). Called by a launch and by its dry run, before anything is written."""
-    if cfg.cluster.name != "local":
+    if not traits_of(cfg.cluster.name).launcher_is_the_node:
         return None
     found = node_memory(cfg)
     if found is None:
@@ -148,7 +149,8 @@ def warn_memory_fit(cfg: DictConfig) -> None:
 
 def memory_unknown_line(cfg: DictConfig) -> str:
     """The dry run's statement when check_memory_fit has no memory to compare with."""
-    where = ("the GPU's memory is not known here (nvidia-smi gave no figure)" if cfg.cluster.name == "local"
+    where = ("the GPU's memory is not known here (nvidia-smi gave no figure)"
+             if traits_of(cfg.cluster.name).launcher_is_the_node
              else f"the memory of cluster={cfg.cluster.name}'s nodes is not known here")
     return (f"llmtrain: the plan's peak memory is {_gib(planned_peak_bytes(cfg))} per rank; {where}, so it is not "
             "compared (llmtrain plan hardware=NAME compares it with a GPU's)")

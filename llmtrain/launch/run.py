@@ -21,6 +21,7 @@ from llmtrain.launch.launch_record import LaunchRecord
 from llmtrain.launch import run_identity
 from llmtrain.launch.supervision import stopping
 from llmtrain.launch.backends.registry import get_backend
+from llmtrain.launch.shape.check import check_shapes
 from llmtrain.launch.supervision.failures import rank_statuses, stopped_short
 from llmtrain.launch.container import default_python_note
 from llmtrain.launch.supervision.hang_report import HangDetected
@@ -79,6 +80,7 @@ def dry_run(cfg: DictConfig) -> int:
     run_dir = os.path.abspath(cfg.run.dir)
     cfg.run.dir = run_dir
     backend = get_backend(cfg, run_dir)
+    check_shapes(cfg)
     fit = check_memory_fit(cfg)
     check_tracker_stores(cfg)
     check_init_from(cfg)
@@ -191,11 +193,12 @@ def launch(cfg: DictConfig, origins: dict[str, str] | None = None) -> int:
     run_dir = cfg.run.dir = os.path.abspath(cfg.run.dir)
     backend = get_backend(cfg, run_dir)
     backend.check_ready()  # missing tools or devices: refused before anything is written
+    check_shapes(cfg)  # a run that accepts fewer nodes has a layout for each count
     check_tracker_stores(cfg)  # a store that would stall rank 0's start-up, as well
     check_init_from(cfg)
     existed = os.path.isdir(run_dir)
     lock = RunDirLock(run_dir)
-    if hasattr(backend, "on_submitted"):  # a Slurm job finds itself named in the lock when it starts
+    if backend.traits.queued:  # a queued job finds itself named in the lock when it starts
         backend.on_submitted = lock.name_job
     try:
         took_over = lock.acquire()

@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from llmtrain.config.errors import ConfigError
 from llmtrain.console import fold_table, get_console, plain
 from llmtrain.jobs.status import straggler_line
-from llmtrain.report import expert_load
+from llmtrain.report import expert_load, spike_marks
 from llmtrain.report.plotting import NO_PLOTS, PLOT_EXTRA, pyplot
 from llmtrain.report.source_table import plot_source_val_loss, source_rows, val_loss_step
 from llmtrain.rundir import goodput
@@ -154,6 +154,7 @@ def summarize(run_dir: str, rows: list[dict], cfg=None) -> list[tuple[str, str]]
         out.append(("stragglers", straggler_line({"step": named[-1].get("step"), "stragglers": named[-1]["stragglers"]})
                     + f" ({len(named)} time(s) in all)"))
     out += expert_load.summary_rows(rows)
+    out += spike_marks.summary_rows(run_dir)
     out += [(label if i == 0 else f"  {label}", value)
             for i, (label, value) in enumerate(goodput.summary_lines(goodput.read_ledger(run_dir)))]
     return out
@@ -187,6 +188,7 @@ def plot_all(plt, rows: list[dict], out_dir: str, title: str, top_k: int | None 
         ax.plot(steps, loss, label="train loss", linewidth=1.2)
     if vsteps:
         ax.plot(vsteps, vloss, "o", color="tab:red", label="val loss")
+    spike_marks.mark_spikes(ax, rows)  # the steps a spike was rolled back from or warned of
     if not steps and not vsteps:
         _no_data(ax, "loss")
     else:

@@ -16,6 +16,7 @@
       nodes.json                  per host: failures, hangs, stragglers, across launches (rundir.node_ledger)
       hangs/<time>/               a hang's evidence and verdict: stacks, collective traces, log tails (rundir.hang_files)
       goodput.json                per start: allocated time split into productive, queue, start-up, saves, lost work, restarts (rundir.goodput)
+      spikes.json                 every loss-spike rollback of the run: the spike, the checkpoint, the skipped samples (rundir.spike_record)
       previous/<time>/            earlier runs moved aside by run.overwrite=true
       checkpoints/step-NNNNNNN/   DCP shards, config.yaml, meta.json (llmtrain.checkpoint.store)
       slurm/job.sbatch            the submitted script (cluster=slurm)
@@ -41,6 +42,7 @@ JOB_RECORD = "job.json"
 NODES = "nodes.json"
 HANGS = "hangs"
 GOODPUT = "goodput.json"
+SPIKES = "spikes.json"
 PREVIOUS = "previous"
 CHECKPOINTS = "checkpoints"
 SLURM = "slurm"
@@ -57,7 +59,7 @@ PLACE_SUFFIX = ".place"
 
 # What a run leaves in its directory besides checkpoints (and the launch's .lock and job.json): what
 # run.overwrite=true moves aside with them.
-RUN_FILES = (CONFIG, METRICS, LOGS, TENSORBOARD, REPORT, PROFILE, SLURM, TRACKERS, WANDB, MLFLOW_DB)
+RUN_FILES = (CONFIG, METRICS, LOGS, TENSORBOARD, REPORT, PROFILE, SLURM, TRACKERS, WANDB, MLFLOW_DB, SPIKES)
 
 
 @dataclass(frozen=True)
@@ -132,6 +134,10 @@ class RunPaths:
     @property
     def goodput(self) -> str:
         return self._join(GOODPUT)
+
+    @property
+    def spikes(self) -> str:
+        return self._join(SPIKES)
 
     @property
     def goodput_events(self) -> str:

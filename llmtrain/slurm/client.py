@@ -120,7 +120,16 @@ def sinfo(args: list[str], timeout: float) -> tuple[str | None, str | None]:
     return out.stdout, None
 
 
-def submit(script: str, timeout: float) -> subprocess.CompletedProcess:
-    """`sbatch --parsable SCRIPT`. Raises FileNotFoundError (no sbatch) or subprocess.TimeoutExpired: whether a job
-    was submitted is then not known, which the caller says."""
-    return subprocess.run(["sbatch", "--parsable", script], capture_output=True, text=True, timeout=timeout)
+def submit(script: str, timeout: float, hold: bool = False) -> subprocess.CompletedProcess:
+    """`sbatch --parsable SCRIPT` (`hold`: held until released). Raises FileNotFoundError (no sbatch) or
+    subprocess.TimeoutExpired: whether a job was submitted is then not known, which the caller says."""
+    return subprocess.run(["sbatch", "--parsable", *(["--hold"] if hold else []), script], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def release(job_id: str, timeout: float = 60) -> str | None:
+    """`scontrol release`; None when Slurm took it, else why not."""
+    out = run(["scontrol", "release", str(job_id)], timeout)
+    if out is None:
+        return f"scontrol release did not run or answer within {timeout:g} s"
+    return None if out.returncode == 0 else last_line(out)

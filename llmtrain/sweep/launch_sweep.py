@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from llmtrain.console import error_line, plain, say
 from llmtrain.errors import EXIT_FAILED, EXIT_HANGUP, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED, KeyedError
+from llmtrain.launch.backends.traits import traits_of
 from llmtrain.sweep import SWEEP_NAME_VAR, record
 from llmtrain.sweep.plan import SweepPlan, SweepRun, naming_the_run, plan_sweep
 from llmtrain.sweep.preview import dry_run
@@ -90,7 +91,7 @@ def run_one(plan: SweepPlan, run: SweepRun, number: int) -> Outcome:
         return Outcome(run, STOPPED, code=code)
     if code != 0:
         return Outcome(run, FAILED, f"exit {code}")
-    return Outcome(run, SUBMITTED if plan.backend == "slurm" else FINISHED)
+    return Outcome(run, SUBMITTED if traits_of(plan.backend).queued else FINISHED)
 
 
 @contextlib.contextmanager
@@ -134,15 +135,15 @@ def _summary(plan: SweepPlan, outcomes: list[Outcome], stop_code: int | None) ->
         how = "Ctrl-C" if stop_code == EXIT_INTERRUPTED else "preemption"
         parts.append(f"stopped by {how} in {outcomes[-1].run.name}")
     say(f"sweep {plan.name}: {len(plan.runs)} run(s): " + "; ".join(parts))
-    slurm = plan.backend == "slurm"
-    done = len(states[FINISHED]) + (len(states[SUBMITTED]) + len(states[RUNNING]) if slurm else 0)
+    queued = traits_of(plan.backend).queued  # a submitted run goes on after the sweep's command returns
+    done = len(states[FINISHED]) + (len(states[SUBMITTED]) + len(states[RUNNING]) if queued else 0)
     if stop_code is not None:
         say("sweep: the same command resumes it (finished runs are skipped)")
         return stop_code
     if done < len(plan.runs):
         say("sweep: the same command resumes it (finished runs are skipped)")
         return EXIT_FAILED
-    if slurm:
+    if queued:
         say(f"sweep: follow a run with llmtrain follow RUN_DIR; compare them once they end: llmtrain compare "
             f"{plan.dir}")
     else:

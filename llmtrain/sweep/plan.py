@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 
 from llmtrain.config.errors import ConfigError
 from llmtrain.data.errors import DataError
+from llmtrain.launch.backends.traits import traits_of
 from llmtrain.sweep import SWEEP_NAME_VAR
 from llmtrain.sweep.expand import Combination, expand
 from llmtrain.sweep.identity import earlier_sweep
@@ -74,7 +75,7 @@ def plan_sweep(overrides: Sequence[str], config_dirs: Sequence[str] = ()) -> Swe
             cfg = compose_here(combination.overrides, config_dirs)
             cfg.run.dir = os.path.join(sweep_dir, earlier.dir_name(combination))
             cfg.env[SWEEP_NAME_VAR] = os.path.basename(sweep_dir)
-            if cfg.cluster.name == "slurm":
+            if traits_of(cfg.cluster.name).queued:
                 cfg.cluster.follow = False  # every run is submitted at once; following one would hold the rest
                 if not cfg.cluster.job_name:  # squeue tells the runs apart
                     cfg.cluster.job_name = f"llmtrain-{os.path.basename(sweep_dir)}-{combination.index}"

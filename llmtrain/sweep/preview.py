@@ -5,6 +5,7 @@ written."""
 from __future__ import annotations
 
 from llmtrain.console import fold_table, get_console, plain, say
+from llmtrain.launch.backends.traits import traits_of
 from llmtrain.sweep.plan import SweepPlan, naming_the_run
 
 
@@ -29,7 +30,7 @@ def dry_run(plan: SweepPlan) -> int:
     console = get_console()
     console.print(sweep_table(plan))
     say(f"cluster={plan.backend}: " + (
-        "each run is submitted as its own Slurm job, all at once" if plan.backend == "slurm"
+        "each run is submitted as its own Slurm job, all at once" if traits_of(plan.backend).queued
         else "the runs start one after another"), console=console)
     for run, preview in zip(plan.runs, previews):
         console.rule(f"run {run.name} (nothing was started)")

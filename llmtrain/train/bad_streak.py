@@ -14,3 +14,7 @@ def last_good_state(last_good: tuple[str, int] | None, bad_since: int) -> str:
         return (f"the newest checkpoint {path} holds the weights all these steps failed from (a skipped step "
                 "leaves them unchanged), so resume an earlier one")
     return f"the last good checkpoint is {path}"
+
+
+class BadStreak(RuntimeError):
+    """A streak of train.max_bad_steps non-finite steps: the run stops, unless train.spike.policy=rollback."""

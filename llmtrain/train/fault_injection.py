@@ -1,11 +1,12 @@
 """Faults on purpose, for tests of the paths real faults take: LLMTRAIN_INJECT_NONFINITE="STEP:RANK[,STEP:RANK]"
 puts an inf into one gradient of that rank after the backward of that (1-based) step, so overflow handling can be
 tested where only one rank overflows. LLMTRAIN_INJECT_HANG makes one rank hang in one of three ways,
-LLMTRAIN_INJECT_SLOWDOWN makes one rank a straggler and LLMTRAIN_INJECT_EXIT kills one (below). Read once when
-training starts; without them the training loop has no hook."""
+LLMTRAIN_INJECT_SLOWDOWN makes one rank a straggler, LLMTRAIN_INJECT_EXIT kills one and LLMTRAIN_INJECT_SPIKE
+multiplies one batch's loss (below). Read once when training starts; without them the training loop has no hook."""
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from typing import Callable
@@ -104,3 +105,29 @@ def exit_fault(rank: int) -> Callable[[int], None] | None:
             os._exit(1)
 
     return die
+
+
+SPIKE_ENV = "LLMTRAIN_INJECT_SPIKE"
+
+
+def loss_spike() -> Callable[[int, int, torch.Tensor, list[torch.Tensor]], torch.Tensor] | None:
+    """LLMTRAIN_INJECT_SPIKE="SAMPLE:FACTOR[,...]": the step whose global batch holds sample SAMPLE has its loss
+    (and so its gradients) multiplied by FACTOR on every rank, as a bad batch would. Keyed by the sample, not the
+    step: a rollback that skips the sample never meets it again, though the step numbers come again. A hook
+    (samples before the step, global batch, this rank's loss, params) -> the loss, or None."""
+    spec = os.environ.get(SPIKE_ENV)
+    if not spec:
+        return None
+    spikes = [(int(s), float(f)) for s, f in (item.split(":") for item in spec.split(",") if item)]
+
+    @torch.no_grad()
+    def spike(samples_before: int, global_batch: int, loss: torch.Tensor, params: list[torch.Tensor]) -> torch.Tensor:
+        factor = math.prod(f for s, f in spikes if samples_before <= s < samples_before + global_batch)
+        if factor == 1:
+            return loss
+        for p in params:
+            if p.grad is not None:
+                (p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad).mul_(factor)
+        return loss * factor
+
+    return spike

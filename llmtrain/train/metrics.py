@@ -45,6 +45,19 @@ class MetricsWriter:
         if self.trackers is not None:
             self.trackers.log(clean)
 
+    def event(self, row: dict, rewind_to: int | None = None) -> None:
+        """An event row (a loss-spike rollback: {"step", "event", ...}) for the file alone, not the trackers;
+        `rewind_to`: first drop the rows past that step, as a resume from it would (their steps are trained
+        again)."""
+        if self.file is None:
+            return
+        self._follow_path()
+        if rewind_to is not None:
+            keep_rows_until(self.path, rewind_to)
+            self.file.close()  # rows out of order make it rewrite the file: write on the new one
+            self.file = open(self.path, "a+b", buffering=0)
+        append_row(self.file.fileno(), encode_row(row)[1], self.path)
+
     def _follow_path(self) -> None:
         """Write on where the path points now: a deleted file (or a folder cleaned up mid-run) is recreated with
         every row it held, which the open file still has; a file put in its place is appended to."""

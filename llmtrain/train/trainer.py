@@ -27,7 +27,7 @@ from llmtrain.parallel.grad_norm import clip_grad_norm_
 from llmtrain.parallel.layout import ParallelDims
 from llmtrain.parallel.context_parallel import mesh_positions
 from llmtrain.parallel.mesh import build_mesh
-from llmtrain.train.bad_streak import last_good_state
+from llmtrain.train.bad_streak import BadStreak, last_good_state
 from llmtrain.train.loss_scale import DynamicLossScaler
 from llmtrain.train.data_feed import DataFeed
 from llmtrain.train.evaluation import EvalResult, evaluate
@@ -39,10 +39,13 @@ from llmtrain.train.fault_injection import (SKIP_COLLECTIVE, SLEEP_IN_STEP, comp
 from llmtrain.train.goodput_events import GoodputEvents
 from llmtrain.train.metrics import MetricsWriter
 from llmtrain.train.moe_step import MoEStep
+from llmtrain.train.nonfinite import nonfinite_flag, report_nonfinite
 from llmtrain.train.preemption import Preempted, PreemptionFlag
 from llmtrain.train.progress_beat import ProgressBeat
+from llmtrain.train.rollback import SpikeGuard
 from llmtrain.train.run_end import last_step, nothing_to_do
 from llmtrain.train.save_schedule import SaveSchedule
+from llmtrain.train.spike_rule import Spike
 from llmtrain.train.step_log import StepLog
 from llmtrain.train.step_profiler import StepProfiler
 from llmtrain.train.straggler_watch import watch_stragglers
@@ -63,15 +66,7 @@ class StepResult:
     grad_norm: torch.Tensor | float
     skipped: bool
     moe: dict | None = None  # a MoE model's fields of a logged step's metrics row
-
-
-def nonfinite_flag(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """[1.0] when any element of `tensors` is inf/NaN, else [0.0], on the CPU. One fused pass (as clip_grad_norm_
-    does): a tensor's max-norm (largest |x|, which cannot overflow) is finite exactly when its elements are, and
-    no boolean copy of every tensor is made."""
-    local = [t for t in tensors if t.numel()]
-    norms = torch.stack(torch._foreach_norm(local, float("inf"))) if local else torch.zeros(1)
-    return (~torch.isfinite(norms)).any().float().cpu().reshape(1)
+    spike: Spike | None = None  # train.spike's verdict (only with train.spike.sigma set)
 
 
 class Trainer:
@@ -128,6 +123,7 @@ class Trainer:
         self.compute, self.stragglers = watch_stragglers(cfg.launch, device, self.log, run_dir, is_logger)
         self.events = GoodputEvents(run_dir, enabled=is_logger)
         self.ckpt = CheckpointManager(cfg, run_dir, self.log, self.model, self.optimizer, self.state)
+        self.spikes = SpikeGuard(cfg, run_dir, self.ckpt, self.state, self.log, self.rank, self.beat.phase)
         self.resume(launched)
         # Rows past the resumed step came from an attempt that did not reach a checkpoint: they are replaced.
         self.metrics = MetricsWriter(RunPaths(run_dir).metrics if is_logger else None, keep_until_step=self.step,
@@ -155,6 +151,7 @@ class Trainer:
             (f"requeued job (restart {requeued}): " if requeued else "")
         if resolution.checkpoint is not None:
             self.ckpt.load(resolution.checkpoint, prefix)
+            self.spikes.resumed()  # past the samples of the run's rollbacks
         elif restart:
             self.log(f"llmtrain: {prefix}no complete checkpoint yet; starting again from step 0", flush=True)
 
@@ -232,6 +229,7 @@ class Trainer:
         compute_s = self.compute.stop()
         if self.fault is not None:
             self.fault(self.step + 1, self.params)
+        local_loss = self.spikes.inject(local_loss, self.params)
         if (SLEEP_IN_STEP, self.step + 1) in self.hangs:
             hang_here()
         self.model.finish_gradients()
@@ -249,8 +247,10 @@ class Trainer:
         overflow_seen, nonfinite_seen = flags.tolist()
         overflow, bad = overflow_seen > 0, max(overflow_seen, nonfinite_seen) > 0
         if bad:
-            self._report_nonfinite(overflow)
-        if not bad:
+            report_nonfinite(self.params, self.rank, self.step + 1, overflow, self.scaler, self.log)
+        loss = self.global_mean_loss(local_loss)  # every rank's, before the update: the spike rule reads it
+        spike = self.spikes.judge(self.step + 1, loss, grad_norm, bad)
+        if not bad and self.spikes.applies(spike):
             set_lr(self.optimizer, lr_at(self.step, self.cfg.train))
             self.ckpt.wait_for_staging()
             self.compute.start()
@@ -267,21 +267,7 @@ class Trainer:
         self.scaler.update(overflow)
         # Gradients are freed (torch's default set_to_none=True); apex's FusedAdam.zero_grad takes no argument.
         self.optimizer.zero_grad()
-        return StepResult(loss=self.global_mean_loss(local_loss), grad_norm=grad_norm, skipped=bad)
-
-    def _report_nonfinite(self, overflow: bool) -> None:
-        """Name the ranks whose own gradients are non-finite (all ranks skip the step either way)."""
-        local = any(not torch.isfinite(p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad).all()
-                    for p in self.params if p.grad is not None)
-        flags = torch.zeros(dist.get_world_size(), dtype=torch.int32)
-        flags[self.rank] = int(local)
-        dist.all_reduce(flags)
-        ranks = [r for r, f in enumerate(flags.tolist()) if f]
-        what = "fp16 overflow" if overflow else "non-finite loss/gradients"
-        scale = f"; loss scale {self.scaler.scale:g} -> {self.scaler.scale * self.scaler.backoff_factor:g}" \
-            if overflow else ""
-        self.log(f"llmtrain: step {self.step + 1}: {what} on rank(s) {ranks or '?'}; update skipped on every "
-                 f"rank{scale}", flush=True)
+        return StepResult(loss=loss, grad_norm=grad_norm, skipped=bad, spike=spike)
 
     def global_mean_loss(self, local_loss: torch.Tensor) -> torch.Tensor:
         """Loss averaged over dp x cp (equal shares of tokens); under pp only the last stage has it, so sum over the pp group first."""
@@ -327,13 +313,21 @@ class Trainer:
         self.events.record("train", self.step)
         while self.step < last:
             result, step_time = self._timed_step(first_step)
+            if result.spike is not None and self.spikes.act(result.spike, self.metrics):
+                self.bad_steps, self.bad_since = 0, None
+                continue  # rolled back: the checkpoint's state, the stream past the skipped samples
             state.advance(t.global_batch_size, step_log.tokens_per_step)
             if self.moe is not None:  # the router bias balancing, and a logged step's expert statistics
                 result.moe = self.moe.finish(step_log.due(state.step), result.skipped)
             self.beat.step_done(state.step, step_time)
             for line in self.feed.step_done(state.step, state.samples_seen - t.global_batch_size, state.samples_seen):
                 self.log(line, flush=True)
-            self._check_bad_step(result)
+            try:
+                self._check_bad_step(result)
+            except BadStreak as streak:
+                self.spikes.streak(streak, self.bad_since, self.metrics)  # raised again unless policy rollback
+                self.bad_steps, self.bad_since = 0, None
+                continue
             step_log.step_done(state.step, result, step_time, state.tokens_seen, state.elapsed_s(), state.samples_seen)
             if t.eval_interval and t.eval_steps and (self.step % t.eval_interval == 0 or self.step == t.max_steps):
                 with self.beat.phase("eval"):
@@ -411,7 +405,7 @@ class Trainer:
         self.bad_steps += 1
         self.bad_since = self.bad_since or self.step
         if self.bad_steps >= self.cfg.train.max_bad_steps:
-            raise RuntimeError(f"{self.bad_steps} consecutive non-finite steps (train.max_bad_steps="
+            raise BadStreak(f"{self.bad_steps} consecutive non-finite steps (train.max_bad_steps="
                                f"{self.cfg.train.max_bad_steps}); stopping at step {self.step} without saving; "
                                f"{last_good_state(self.ckpt.last_good, self.bad_since)}")
 

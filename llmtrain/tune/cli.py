@@ -18,6 +18,7 @@ from llmtrain.rundir.atomic import atomic_write_json
 from llmtrain.config.errors import ConfigError
 from llmtrain.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from llmtrain.console import get_console, say
+from llmtrain.launch.backends.traits import traits_of
 from llmtrain.sweep import record
 from llmtrain.sweep.plan import SweepPlan
 from llmtrain.tune import candidates, noise, refine, table, trials, winner
@@ -52,7 +53,7 @@ def run_tune(cfg, args) -> int:
         raise ConfigError("hardware.memory_gib", f"no layout of {n} devices fits the device memory; try more "
                                                  "devices, a smaller train.micro_batch_size or model.seq_len")
     runs = [trials.sweep_run(tune_dir, i, r, list(args.overrides), args.steps) for i, r in enumerate(chosen)]
-    _follow_slurm(runs)
+    _follow_queued(runs)
     earlier = record.read(tune_dir) or {}
     plan = SweepPlan(tune_dir, list(args.overrides), list(args.config_dir), runs, earlier.get("runs", []))
     record.write(plan)
@@ -67,9 +68,9 @@ def run_tune(cfg, args) -> int:
     return _finish(cfg, args, tune_dir, done, stop_code, not_started, hw["name"])
 
 
-def _follow_slurm(runs) -> None:
+def _follow_queued(runs) -> None:
     for run in runs:
-        if run.cfg.cluster.name == "slurm":
+        if traits_of(run.cfg.cluster.name).queued:
             run.cfg.cluster.follow = True  # a trial is measured after it ends, one at a time
 
 
@@ -164,7 +165,7 @@ def _refine(plan: SweepPlan, chosen, done, args, budget: Budget,
         return [], None, 0
     first = len(plan.runs)
     runs = [trials.sweep_run(plan.dir, first + i, r, list(args.overrides), args.steps) for i, r in enumerate(found)]
-    _follow_slurm(runs)
+    _follow_queued(runs)
     plan.runs.extend(runs)
     record.write(plan)
     say(f"tune: refining {best.layout}: {', '.join(r.layout.name for r in found)}")

@@ -25,7 +25,7 @@ from llmtrain.doctor.findings import bandwidth_lines, bandwidth_table, problems
 from llmtrain.console import get_console
 from llmtrain.launch.backends import reachability
 from llmtrain.launch.node.collective_interface import named_interface
-from llmtrain.launch.backends.slurm_nodes import NodeState, parse_sinfo, parse_state
+from llmtrain.slurm.node_states import NodeState, parse_sinfo, parse_state
 from llmtrain.launch.backends.ssh_options import ssh_base
 
 BAD_HOST = "nonexistent-host.invalid"

@@ -52,7 +52,7 @@ def test_each_node_task_gets_the_nodes_cpus(fake, overrides, sinfo, cpus):
 
 
 def test_sinfo_cpus_are_read_per_partition():
-    from llmtrain.launch.backends.slurm_nodes import parse_cpus
+    from llmtrain.slurm.node_states import parse_cpus
 
     assert parse_cpus(SINFO, None) == 2 and parse_cpus(SINFO, "gpu") == 48 and parse_cpus(SINFO, "cpu") is None
     assert parse_cpus("", None) is None

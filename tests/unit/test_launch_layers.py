@@ -12,10 +12,13 @@ PACKAGE = Path(__file__).resolve().parents[2] / "llmtrain"
 # What each room may import of llmtrain.launch besides itself, and whether it may import anything else of llmtrain.
 LAUNCH_ALLOWED = {
     "launch/supervision": (),
+    # The backends' traits import nothing of llmtrain: the node agent reads where a backend keeps the node rank.
+    # A start's shape on fewer nodes: read by the node room (a Slurm start) and the backends.
+    "launch/shape": ("llmtrain.launch.backends.traits", "llmtrain.launch.preflight", "llmtrain.launch.launch_record"),
     "launch/node": ("llmtrain.launch.supervision", "llmtrain.launch.run_lock", "llmtrain.launch.launch_record",
-                    "llmtrain.launch.goodput_entry"),
+                    "llmtrain.launch.goodput_entry", "llmtrain.launch.backends.traits", "llmtrain.launch.shape"),
     "launch/backends": ("llmtrain.launch.node", "llmtrain.launch.supervision", "llmtrain.launch.container",
-                        "llmtrain.launch.hostfile", "llmtrain.launch.preflight"),
+                        "llmtrain.launch.hostfile", "llmtrain.launch.preflight", "llmtrain.launch.shape"),
 }
 
 

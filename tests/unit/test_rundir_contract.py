@@ -131,7 +131,7 @@ def test_every_documented_path_is_named_by_run_paths():
         "logs/rank{R}.status": p.rank_status("{R}"), "logs/rank{R}.place": p.rank_place("{R}"),
         "logs/node{N}.log": p.node_log("{N}"), "logs/node{N}.env": p.node_env("{N}"),
         "logs/combined.log": p.combined_log, "logs/slurm-{JOB}.out": p.slurm_output("{JOB}"), ".lock": p.lock,
-        "job.json": p.job_record, "nodes.json": p.nodes, "hangs/<time>/": p.hangs, "goodput.json": p.goodput,
+        "job.json": p.job_record, "nodes.json": p.nodes, "hangs/<time>/": p.hangs, "goodput.json": p.goodput, "spikes.json": p.spikes,
         "logs/rank{R}.progress": p.rank_progress("{R}"), "previous/<time>/": p.previous, "checkpoints/step-NNNNNNN/": p.checkpoints,
         "slurm/job.sbatch": p.sbatch_script, "tensorboard/": p.tensorboard, "trackers.json": p.trackers,
         "wandb/": p.wandb, "mlflow.db": p.mlflow_db, "profile/": p.profile, "report/": p.report, "tmp/": p.tmp,

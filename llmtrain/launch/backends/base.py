@@ -13,6 +13,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from llmtrain.launch.backends.traits import BackendTraits
 
 
 @dataclass
@@ -30,9 +31,20 @@ class NodeCommand:
 
 
 class Backend(abc.ABC):
-    name: str
-    # Whether the job's processes are this launcher's to stop (local, ssh), or a scheduler's (Slurm).
-    owns_processes = True
+    # What this backend is (traits.py): each backend class sets `traits = traits_of("its name")`.
+    traits: BackendTraits
+    # A queued backend (traits.queued) calls this with the job id once the scheduler took the job; the launcher
+    # sets it, so that the run directory's lock names the job.
+    on_submitted = None
+
+    @property
+    def name(self) -> str:
+        return self.traits.name
+
+    @property
+    def owns_processes(self) -> bool:
+        """Whether the job's processes are this launcher's to stop (local, ssh), or a scheduler's (Slurm)."""
+        return self.traits.owns_processes
 
     def __init__(self, cfg: DictConfig, run_dir: str, worker_module: str = "llmtrain.worker"):
         self.cfg = cfg

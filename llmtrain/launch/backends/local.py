@@ -13,6 +13,7 @@ from llmtrain.config.errors import ConfigError
 from llmtrain.launch.node.start_culprits import record_launch_failure
 from llmtrain.launch.supervision import processes
 from llmtrain.launch.backends.base import Backend, NodeCommand, free_port, node_python, torchrun_argv, worker_env
+from llmtrain.launch.backends.traits import traits_of
 from llmtrain.launch.supervision.failures import report_failure
 from llmtrain.launch.node.env import wrap_for_gloo
 from llmtrain.launch.preflight import check_local_node
@@ -20,7 +21,7 @@ from llmtrain.rundir.paths import RunPaths
 
 
 class LocalBackend(Backend):
-    name = "local"
+    traits = traits_of("local")
 
     def __init__(self, cfg, run_dir, worker_module="llmtrain.worker"):
         super().__init__(cfg, run_dir, worker_module)

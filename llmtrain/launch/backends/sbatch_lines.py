@@ -3,7 +3,10 @@ the batch shell's handling of a preemption notice. slurm.py renders the rest of 
 
 from __future__ import annotations
 
+import shlex
+
 from llmtrain.config.errors import ConfigError
+from llmtrain.launch.shape.check import elastic, min_nnodes
 from llmtrain.rundir.paths import RunPaths
 
 # A USR1 to the batch shell (`--signal=B:USR1@N` in cluster.sbatch_extra, `scancel --batch --signal=USR1`) is a
@@ -43,3 +46,27 @@ def output_path(run_dir: str) -> str:
     """The job's log, RUN_DIR/logs/slurm-JOBID.out, for --output: `%` in run.dir doubled (sbatch reads `%j`-style
     patterns there)."""
     return sbatch_quoted(RunPaths(run_dir.replace("%", "%%")).slurm_output("%j"), "run.dir")
+
+
+def node_options(cfg) -> list[str]:
+    """sbatch's --nodes: cluster.nnodes, or MIN-MAX for a run that accepts fewer (cluster.min_nnodes), which also
+    keeps its allocation when a node fails (--no-kill): the job's end then requeues it onto the healthy nodes."""
+    if not elastic(cfg):
+        return [f"#SBATCH --nodes={cfg.cluster.nnodes}"]
+    return [f"#SBATCH --nodes={min_nnodes(cfg)}-{cfg.cluster.nnodes}", "#SBATCH --no-kill"]
+
+
+def start_nodes(cfg) -> str:
+    """The nodes a start runs on: cluster.nnodes, or for a run that accepts fewer, what Slurm granted (the batch
+    shell expands it)."""
+    return "${SLURM_NNODES}" if elastic(cfg) else str(cfg.cluster.nnodes)
+
+
+# Words of the script that the batch shell expands (the job's node count, head node and id).
+EXPANDED = ("${SLURM_NNODES}", "${head}", "${SLURM_JOB_ID}")
+
+
+def shell_words(argv: list[str]) -> str:
+    """argv as shell text: each word quoted, those holding one of EXPANDED's variables in double quotes, so the
+    batch shell fills them in."""
+    return " ".join(f'"{a}"' if any(v in a for v in EXPANDED) else shlex.quote(a) for a in argv)

@@ -3,10 +3,10 @@
 The script runs one task per node (`srun`), each a node agent around torchrun with a c10d rendezvous on the job's
 first node, on a port of its own (20000 + job id % 20000 unless cluster.master_port is set) so jobs sharing a node
 never share a rendezvous. The job itself gives the workers cluster.signal_before_end_s seconds' notice (USR1) before
-its time limit (slurm_notice.py; Slurm's own --signal is not used: it resends the notice at once to a requeued
-job, which then stops again before it trains), `--requeue`
-lets Slurm restart a preempted job, and `checkpoint.resume=auto` makes the restarted job continue from its newest
-checkpoint. A USR1 to the batch shell (`--signal=B:USR1@N`, `scancel --batch`) is a preemption notice, passed on
+its time limit (slurm_notice.py; Slurm's own --signal resends it at once to a requeued job, which then stops
+again before it trains), `--requeue` lets Slurm restart a preempted job, and `checkpoint.resume=auto` makes the
+restarted job continue from its newest checkpoint; a run that accepts fewer nodes is pinned to the healthy ones at
+each start (shape/slurm_node_count.py). A USR1 to the batch shell (`--signal=B:USR1@N`, `scancel --batch`) is a preemption notice, passed on
 to the steps (sbatch_lines.py). The job takes the run directory's lock itself when it starts (slurm_job_start.py),
 so a second submission of the same script refuses to run beside the first. The job watches itself for hangs,
 followed or not (slurm_hang_watch.py); a follower shows its verdict and runs no hang detection of its own.
@@ -29,6 +29,7 @@ from omegaconf import ListConfig
 from llmtrain.config.errors import ConfigError
 from llmtrain.console import say
 from llmtrain.launch.backends.base import Backend, NodeCommand, node_python, torchrun_argv, worker_env
+from llmtrain.launch.backends.traits import traits_of
 from llmtrain.launch.container import host_python, in_container, setup_outside, srun_options
 from llmtrain.launch.supervision.failures import rank_statuses, report_failure
 from llmtrain.launch.supervision.line_follower import LineFollower
@@ -36,8 +37,10 @@ from llmtrain.launch.node.env import wrap_for_gloo
 from llmtrain.launch.node.slurm_hang_watch import HUNG
 from llmtrain.launch.node.start_culprits import SETUP_BEGINS
 from llmtrain.launch.node.setup import setup_statements
-from llmtrain.launch.backends.sbatch_lines import NOTICE_TRAP, output_path, sbatch_quoted
-from llmtrain.launch.backends.slurm_nodes import partition_cpus
+from llmtrain.launch.shape.slurm_node_count import elastic, release_pinned
+from llmtrain.launch.backends.sbatch_lines import (NOTICE_TRAP, node_options, output_path, sbatch_quoted,
+                                                    shell_words, start_nodes)
+from llmtrain.slurm.node_states import partition_cpus
 from llmtrain.launch.backends.slurm_refusals import (NEVER_STARTS, NODE_COUNT_REASONS, REQUEST_KEYS, never_starts,
                                                      refusal_key)
 from llmtrain.slurm import client
@@ -74,8 +77,7 @@ class _Seen:
 
 
 class SlurmBackend(Backend):
-    name = "slurm"
-    owns_processes = False
+    traits = traits_of("slurm")
 
     def __init__(self, cfg, run_dir, worker_module="llmtrain.worker"):
         super().__init__(cfg, run_dir, worker_module)
@@ -120,11 +122,12 @@ class SlurmBackend(Backend):
                   # The time-limit notice, from the job itself (slurm_notice.py).
                   f'{python} -m llmtrain.launch.node.slurm_notice "$SLURM_JOB_ID" {c.signal_before_end_s} & notice=$!',
                   # The job's own hang watch, followed or not: it ends the steps of a hung job (slurm_hang_watch.py).
-                  f"{python} -m llmtrain.launch.node.slurm_hang_watch {run_dir} {c.nnodes} {c.nproc_per_node} "
+                  f"{python} -m llmtrain.launch.node.slurm_hang_watch {run_dir} {start_nodes(self.cfg)} "
+                  f"{c.nproc_per_node} "
                   f"{self.cfg.launch.hang_timeout_s:g} {self.cfg.launch.hang_evidence_wait_s:g} & hangwatch=$!",
                   "set +e",
                   # In the background, so that the trap runs when a notice comes (bash runs traps between commands).
-                  f"{shlex.join(self._srun_argv())} {self._node_command(env)} & step=$!",
+                  f"{shell_words(self._srun_argv())} {self._node_command(env)} & step=$!",
                   'step_status "$step"; code=$?',
                   'kill "$notice" 2>/dev/null; kill -TERM "$merger"; wait "$merger"',
                   # The job's end ignores a USR1, as the shell did (it would kill Python).
@@ -139,7 +142,7 @@ class SlurmBackend(Backend):
     def _sbatch_options(self) -> list[str]:
         c = self.cfg.cluster
         lines = [f"#SBATCH --job-name={sbatch_quoted(self._job_name(), 'cluster.job_name')}",
-                 f"#SBATCH --nodes={c.nnodes}", "#SBATCH --ntasks-per-node=1",
+                 *node_options(self.cfg), "#SBATCH --ntasks-per-node=1",
                  f"#SBATCH --cpus-per-task={self.cpus_per_task()[0]}",
                  f"#SBATCH --output={output_path(self.run_dir)}",
                  "#SBATCH --open-mode=append"]
@@ -175,7 +178,7 @@ class SlurmBackend(Backend):
     def _srun_argv(self) -> list[str]:
         """srun with one task per node and the job's CPUs for it (said again: some Slurm versions do not pass
         sbatch's --cpus-per-task on to srun), and pyxis's container options when the tasks run in an image."""
-        return ["srun", f"--nodes={self.cfg.cluster.nnodes}", "--ntasks-per-node=1",
+        return ["srun", f"--nodes={start_nodes(self.cfg)}", "--ntasks-per-node=1",
                 f"--cpus-per-task={self.cpus_per_task()[0]}", "--kill-on-bad-exit=1",
                 *srun_options(self.cfg, self.workdir, self.run_dir)]
 
@@ -197,15 +200,13 @@ class SlurmBackend(Backend):
         return self._cpus
 
     def _node_command(self, env: dict[str, str]) -> str:
-        """The node agent + torchrun (in the container, if any), quoted, but for the two arguments the job's shell
-        expands."""
+        """The node agent + torchrun (in the container, if any) as shell text the job's shell expands."""
         cfg = self.cfg
-        endpoint, rdzv_id = "--rdzv-endpoint=${head}:${port}", "--rdzv-id=llmtrain-${SLURM_JOB_ID}"
-        torchrun = torchrun_argv(cfg, self.run_dir, cfg.cluster.nnodes, None, "${head}:${port}",
+        torchrun = torchrun_argv(cfg, self.run_dir, start_nodes(self.cfg), None, "${head}:${port}",
                                  "llmtrain-${SLURM_JOB_ID}", self.worker_module)
         agent = [node_python(cfg), "-m", "llmtrain.launch.node.agent", self.run_dir, "slurm", "--", *torchrun]
         agent = in_container(cfg, wrap_for_gloo(agent, env, node_python(cfg)), env, self.workdir, self.run_dir)
-        return " ".join(f'"{a}"' if a in (endpoint, rdzv_id) else shlex.quote(a) for a in agent)
+        return shell_words(agent)
 
     def gpus_per_node(self) -> int:
         """cluster.gpus_per_node, else one GPU per process (none for a CPU job)."""
@@ -261,7 +262,7 @@ class SlurmBackend(Backend):
         os.makedirs(os.path.dirname(path), exist_ok=True)
         atomic_write_text(path, self.script())
         try:
-            out = client.submit(path, SBATCH_TIMEOUT_S)
+            out = client.submit(path, SBATCH_TIMEOUT_S, hold=elastic(self.cfg))
         except FileNotFoundError:
             raise ConfigError("cluster.name", "cluster=slurm but sbatch is not on PATH on this node") from None
         except subprocess.TimeoutExpired:
@@ -270,6 +271,8 @@ class SlurmBackend(Backend):
         if out.returncode != 0:
             raise self.refusal(out.stderr or out.stdout)
         self.job_id = out.stdout.strip().split(";")[0]
+        if elastic(self.cfg):  # held: its first start asks for the healthy nodes, then it is let go
+            release_pinned(self.job_id, self.cfg)
         if self.on_submitted is not None:
             self.on_submitted(self.job_id)
         return self.job_id

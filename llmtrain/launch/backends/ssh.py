@@ -34,6 +34,7 @@ from llmtrain.launch.supervision import processes
 from llmtrain.launch.backends.reachability import check_host
 from llmtrain.launch.backends.ssh_options import ssh_base
 from llmtrain.launch.backends.base import Backend, NodeCommand, free_port, node_python, torchrun_argv, worker_env
+from llmtrain.launch.backends.traits import traits_of
 from llmtrain.launch.container import in_container, setup_outside
 from llmtrain.launch.hostfile import cluster_hosts
 from llmtrain.launch.supervision.failures import (SSH_ERROR, agent_failures, culprit_node, finished_ranks,
@@ -96,7 +97,7 @@ def rendezvous_port(cluster, head: str) -> tuple[int, str]:
 
 
 class SSHBackend(Backend):
-    name = "ssh"
+    traits = traits_of("ssh")
 
     def check_ready(self) -> None:
         import shutil

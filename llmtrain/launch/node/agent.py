@@ -1,4 +1,4 @@
-"""Runs on each node under ssh or srun: `python -m llmtrain.launch.node.agent RUN_DIR NODE_RANK|slurm -- CMD...`.
+"""Runs on each node under ssh or srun: `python -m llmtrain.launch.node.agent RUN_DIR NODE_RANK|BACKEND -- CMD...`.
 
 It starts CMD (torchrun) in its own session and ties it to its controller:
 - stdin closing (the launcher died, was stopped, or the ssh connection dropped) stops the whole tree, so no
@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 
+from llmtrain.launch.backends.traits import known_traits
 from llmtrain.launch.supervision.placement import NODE_INDEX_ENV
 from llmtrain.rundir.paths import RunPaths
 
@@ -53,6 +54,14 @@ def _child_setup() -> None:
         pass
 
 
+def node_rank_of(arg: str) -> int:
+    """NODE_RANK, or a backend whose scheduler starts the same command on every node (srun): the node rank is then
+    in the environment variable its traits name (node_rank_env)."""
+    traits = known_traits(arg)
+    env = traits.node_rank_env if traits is not None else None
+    return int(os.environ[env]) if env else int(arg)
+
+
 def main(argv: list[str] | None = None) -> int:
     import psutil
 
@@ -70,8 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGUSR1):
         signal.signal(sig, lambda *_: pending.set())
     run_dir, cmd = argv[0], argv[3:]
-    # "slurm": srun starts the same command on every node; the node rank comes from Slurm.
-    node_rank = int(os.environ["SLURM_NODEID"]) if argv[1] == "slurm" else int(argv[1])
+    node_rank = node_rank_of(argv[1])
     record_env(run_dir, node_rank)
     # torchrun must outlive SIGUSR1 (Slurm signals every process of the step): the workers handle it, the agent
     # would die of it. Workers install their own handler over the inherited SIG_IGN.

@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 
 from llmtrain.rundir.node_ledger import last_detail, now_text
+from llmtrain.slurm.node_states import split_hosts  # noqa: F401 (slurm_requeue reads it here)
 
 
 def _plural(n: int, word: str) -> str:
@@ -32,14 +33,6 @@ def bad_hosts(ledger: dict, bad_node_failures: int) -> dict[str, str]:
     return out
 
 
-def split_hosts(text: str | None) -> list[str]:
-    """Slurm's ExcNodeList (`node1,node3`; `(null)` when empty) as names. Ranges (`node[1-3]`) stay one name:
-    Slurm reads them back as they were."""
-    if not text or text == "(null)":
-        return []
-    return [h for h in text.split(",") if h]
-
-
 def exclusion(ledger: dict, current: list[str], bad_node_failures: int) -> tuple[list[str], dict[str, str]]:
     """(the job's ExcNodeList: the names it excludes already, the user's own, kept first, then every bad host not
     among them; the bad hosts newly added -> why)."""
@@ -47,7 +40,8 @@ def exclusion(ledger: dict, current: list[str], bad_node_failures: int) -> tuple
     return [*current, *added], added
 
 
-def too_few_left(partition_nodes: list[str] | None, excluded: list[str], nnodes: int) -> str | None:
+def too_few_left(partition_nodes: list[str] | None, excluded: list[str], nnodes: int,
+                 key: str = "cluster.nnodes") -> str | None:
     """Why the job could never start again with `excluded` left out (fewer than nnodes nodes left), or None; None
     too when the partition's nodes are not known."""
     if not partition_nodes:
@@ -56,7 +50,7 @@ def too_few_left(partition_nodes: list[str] | None, excluded: list[str], nnodes:
     if len(left) >= nnodes:
         return None
     return (f"excluding {','.join(excluded)} would leave {len(left)} of the partition's {len(partition_nodes)} "
-            f"node(s) for cluster.nnodes={nnodes}")
+            f"node(s) for {key}={nnodes}")
 
 
 def note_start(ledger: dict, job: str, restart: int, checkpoint_step: int | None) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 from llmtrain.config.errors import ConfigError
 from llmtrain.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE
@@ -20,7 +21,11 @@ from llmtrain.launch.node.slurm_requeue import start_began
 from llmtrain.launch.goodput_entry import slurm_queue_s, slurm_start_began
 from llmtrain.launch.launch_record import job_launch, note_job
 from llmtrain.launch.run_lock import claim_for_job
+from llmtrain.launch.shape.slurm_start import record_slurm_start, requeue_to_grow
 from llmtrain.slurm import client
+
+# How long a start that requeued itself to grow waits for Slurm to stop it (KillWait is 30 s by default).
+GROW_WAIT_S = 120
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,6 +44,22 @@ def main(argv: list[str] | None = None) -> int:
     if job_launch(argv[0], job_id).get("hang"):
         note_job(argv[0], job_id, hang=None)
     answer = client.show_job(job_id, timeout=30)
+    try:  # a start on fewer (or again all) nodes: the layout for the nodes granted, said in one line
+        line, grow = record_slurm_start(argv[0], job_id, answer.fields if answer else {})
+    except ConfigError as e:
+        print(f"llmtrain: error: {e.key}: Slurm job {job_id} does not start: {e.message}", flush=True)
+        return EXIT_FAILED
+    if line:
+        print(line, flush=True)
+    if grow is not None:
+        why = requeue_to_grow(job_id, grow)
+        if why is None:
+            time.sleep(GROW_WAIT_S)  # the requeue stops this start; srun must not run meanwhile
+        print(f"llmtrain: this start goes on without the nodes that came back: {why or 'the requeue did not stop it'}",
+              flush=True)
+        line, _ = record_slurm_start(argv[0], job_id, answer.fields if answer else {}, grow=False)
+        if line:
+            print(line, flush=True)
     requeued = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0) > 0
     slurm_start_began(argv[0], slurm_queue_s(argv[0], answer.fields, requeued) if answer else 0.0)
     return EXIT_OK

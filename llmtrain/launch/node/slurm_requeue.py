@@ -20,6 +20,7 @@ from llmtrain.launch.launch_record import note_job
 from llmtrain.launch.node.requeue_policy import (breaker_reason, exclusion, note_end, note_start, split_hosts,
                                                  too_few_left)
 from llmtrain.launch.node.start_culprits import Culprit, setup_culprit, start_culprit
+from llmtrain.launch.shape.slurm_node_count import pin_node_count
 from llmtrain.rundir.node_ledger import add_event, now_text, read_ledger, update_ledger
 from llmtrain.slurm import client
 
@@ -31,7 +32,10 @@ class Policy:
     exclude_bad_nodes: bool = True
     bad_node_failures: int = 2
     max_starts_without_progress: int = 3
-    nnodes: int = 1
+    nnodes: int = 1  # the fewest nodes a start may have
+    nodes_key: str = "cluster.nnodes"
+    most: int = 1  # cluster.nnodes: a run with most > nnodes is pinned to its healthy nodes at each requeue
+    partition: str | None = None
 
 
 def read_policy(run_dir: str) -> Policy:
@@ -40,8 +44,12 @@ def read_policy(run_dir: str) -> Policy:
     except (OSError, ValueError):
         return Policy()
     fields = {k: cluster.get(k, getattr(Policy, k)) for k in Policy.__dataclass_fields__}
+    # A run that accepts fewer nodes can be requeued while at least cluster.min_nnodes are left.
+    fewest = ("cluster.min_nnodes", cluster.get("min_nnodes")) if cluster.get("min_nnodes") else \
+        ("cluster.nnodes", fields["nnodes"])
     return Policy(bool(fields["exclude_bad_nodes"]), int(fields["bad_node_failures"]),
-                  int(fields["max_starts_without_progress"]), int(fields["nnodes"]))
+                  int(fields["max_starts_without_progress"]), int(fewest[1]), fewest[0], int(fields["nnodes"]),
+                  cluster.get("partition"))
 
 
 def say(message: str) -> None:
@@ -97,6 +105,8 @@ def requeue_or_stop(run_dir: str, job_id: str, failure: str | None, announce: st
             why = client.requeue(job_id, timeout=SLURM_TIMEOUT_S)
             if why is None and added:
                 _exclude(run_dir, job_id, hosts, added)
+            if why is None and policy.most > policy.nnodes:  # the next start asks for the healthy nodes
+                _pin(job_id, policy, hosts)
         finally:
             signal.signal(signal.SIGTERM, before)
         if why is None:
@@ -123,7 +133,8 @@ def _bad_hosts_left_out(job_id: str, ledger: dict, policy: Policy) -> tuple[list
     hosts, added = exclusion(ledger, current, policy.bad_node_failures)
     if not added:
         return hosts, added, None
-    return hosts, added, too_few_left(partition_nodes(os.environ.get("SLURM_JOB_PARTITION")), hosts, policy.nnodes)
+    return hosts, added, too_few_left(partition_nodes(os.environ.get("SLURM_JOB_PARTITION")), hosts, policy.nnodes,
+                                       policy.nodes_key)
 
 
 def _exclude(run_dir: str, job_id: str, hosts: list[str], added: dict[str, str]) -> None:
@@ -134,3 +145,12 @@ def _exclude(run_dir: str, job_id: str, hosts: list[str], added: dict[str, str])
     excluded = {"time": now_text(), "job": job_id, "hosts": hosts, "added": added}
     update_ledger(run_dir, lambda led: led.update(excluded=excluded))
     note_job(run_dir, job_id, excluded_nodes=hosts)
+
+
+def _pin(job_id: str, policy: Policy, excluded: list[str]) -> None:
+    if not excluded:
+        answer = client.show_job(job_id, SLURM_TIMEOUT_S)
+        excluded = split_hosts(answer.fields.get("ExcNodeList")) if answer else []
+    why = pin_node_count(job_id, policy.nnodes, policy.most, policy.partition, excluded)
+    if why:
+        say(why)

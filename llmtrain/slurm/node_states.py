@@ -1,4 +1,5 @@
-"""The nodes of a Slurm partition and whether each can run a job, from `sinfo`, before anything is submitted.
+"""The nodes of a Slurm partition and whether each can run a job, from `sinfo`, before anything is submitted; a
+job's excluded nodes (scontrol's ExcNodeList) as names.
 
 `sinfo -h -N -o '%N|%T|%P|%E'` prints one line per node and partition: name, state in long form (with a flag
 suffix: `*` not responding, `~` powered off, `#` powering up, ...), partition (the default one ends in `*`) and
@@ -84,3 +85,11 @@ def partition_cpus(partition: str | None) -> int | None:
     """CPUs per node of the partition, as sinfo tells it (parse_cpus); None when sinfo cannot say."""
     text, _ = client.sinfo(["-h", "-o", CPUS_FORMAT] + (["-p", partition] if partition else []), SINFO_TIMEOUT_S)
     return None if text is None else parse_cpus(text, partition)
+
+
+def split_hosts(text: str | None) -> list[str]:
+    """Slurm's ExcNodeList (`node1,node3`; `(null)` when empty) as names. Ranges (`node[1-3]`) stay one name:
+    Slurm reads them back as they were."""
+    if not text or text == "(null)":
+        return []
+    return [h for h in text.split(",") if h]
