@@ -1,6 +1,7 @@
 """`llmtrain status RUN_DIR [--json]`: the job behind a run directory and how far it got.
 
-The state and its reason (state.py), the backend, launch number and job id, the nodes, the step reached of
+The state and its reason (state.py), the backend, launch number and job id, the nodes (and each start's node
+count and layout when a launch started more than once or on fewer nodes than asked), the step reached of
 max_steps, the newest complete checkpoint, the last metrics row (loss, tokens/s, MFU where it has one to show, else
 a line why: rundir/mfu_field.py) and the run's training time (the last row's elapsed_s, which counts every launch
 of the run), the newest stragglers named, the loss-spike rollbacks so far (RUN_DIR/spikes.json), and the goodput
@@ -82,6 +83,8 @@ def facts(run_dir: str, cfg, job: JobState | None = None) -> dict:
         "stopped": (ledger.get("stopped") or {}).get("reason"),
         "stragglers": last_stragglers(run_dir), "goodput": goodput.read_ledger(run_dir),
         "rollbacks": read_rollbacks(run_dir),  # loss spikes rolled back (RUN_DIR/spikes.json)
+        # Each start of this launch: its node count and layout (launch/shape/start_record.py).
+        "starts": launch.get("starts") or [],
     }
 
 
@@ -125,6 +128,27 @@ def _metrics_line(f: dict) -> str:
     return f"step {f['metrics_step']}: " + " | ".join(parts)
 
 
+def start_words(nodes, of, layout, when: str | None, note: str | None = None) -> str:
+    """One start: `1 of 2 nodes dp=1 tp=1 pp=1 (06:08)`; `of` only when the start had fewer nodes than asked."""
+    count = f"{nodes} of {of} nodes" if isinstance(of, int) and isinstance(nodes, int) and nodes < of else \
+        f"{nodes} node{'' if nodes == 1 else 's'}"
+    inside = ", ".join(w for w in (when, note) if w)
+    return f"{count} {layout or '?'}" + (f" ({inside})" if inside else "")
+
+
+def starts_line(starts: list[dict]) -> str | None:
+    """Every start of a launch, oldest first, when it had more than one or one on fewer nodes than asked; None
+    otherwise (the nodes line says it all)."""
+    def fewer(s: dict) -> bool:
+        return isinstance(s.get("nnodes"), int) and isinstance(s.get("of"), int) and s["nnodes"] < s["of"]
+
+    if len(starts) < 2 and not any(fewer(s) for s in starts):
+        return None
+    # job.json's time is "YYYY-MM-DD HH:MM:SS": the hour and minute tell the starts of one launch apart.
+    return ", ".join(start_words(s.get("nnodes"), s.get("of"), s.get("layout"), (s.get("time") or "")[11:16])
+                     for s in starts)
+
+
 def _job_line(f: dict) -> str:
     where = f"{f['backend']}" + (f", launch {f['launch']}" if f["launch"] else "")
     if f["job_id"]:
@@ -157,6 +181,9 @@ def lines(f: dict) -> list[str]:
     out = [("run", f"{f['run_dir']} ({f['run_name']})"), ("state", f"{f['state']}: {f['reason']}"),
            ("job", _job_line(f)), ("nodes", nodes), ("step", f"{f['step']} / {f['max_steps']}"),
            ("checkpoint", checkpoint), ("last row", _metrics_line(f))]
+    starts = starts_line(f.get("starts") or [])
+    if starts:
+        out.insert(4, ("starts", starts))
     if f["mfu_note"]:
         out.append(("MFU", f["mfu_note"]))
     out.append(("elapsed", duration(f["elapsed_s"])))

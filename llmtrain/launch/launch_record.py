@@ -76,6 +76,14 @@ class LaunchRecord:
         space_reserve.hold(RunPaths(run_dir).launcher_reserve)
         return cls(run_dir, entry)
 
+    def update(self, **facts) -> None:
+        """Add facts to this launch's entry (a new start's shape and resume), rewriting the record."""
+        self.entry.update(facts)
+        launches = read_launches(self.run_dir)
+        if launches and launches[-1].get("launch") == self.entry["launch"]:
+            launches[-1] = {**launches[-1], **self.entry}
+            _write(self.run_dir, launches)
+
     def ended(self, exit_code: int | None, job_id: str | None) -> None:
         """How the launcher ended (None: with an exception), and the Slurm job id sbatch gave, if any."""
         self.entry.update(job_id=job_id, exit_code=exit_code, ended=time.strftime("%Y-%m-%d %H:%M:%S"))

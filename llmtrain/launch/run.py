@@ -21,7 +21,11 @@ from llmtrain.launch.launch_record import LaunchRecord
 from llmtrain.launch import run_identity
 from llmtrain.launch.supervision import stopping
 from llmtrain.launch.backends.registry import get_backend
-from llmtrain.launch.shape.check import check_shapes
+from llmtrain.launch.backends.traits import REACHABLE_HOSTS, traits_of
+from llmtrain.launch.reachable_starts import run_on_answering_hosts
+from llmtrain.launch.shape.check import check_shapes, elastic
+from llmtrain.launch.shape.replan import StartShape
+from llmtrain.launch.shape.start_record import record_facts
 from llmtrain.launch.supervision.failures import rank_statuses, stopped_short
 from llmtrain.launch.container import default_python_note
 from llmtrain.launch.supervision.hang_report import HangDetected
@@ -239,12 +243,20 @@ def _run(cfg: DictConfig, backend, console, resolution: Resolution, batch_origin
     started = time.time()
     goodput.clear_events(cfg.run.dir)
     code = None
+    # cluster=ssh on fewer nodes: a start per set of hosts that answer, each its own goodput entry.
+    on_answering = elastic(cfg) and traits_of(cfg.cluster.name).resize == REACHABLE_HOSTS
     try:
-        code = _start_and_follow(cfg, backend, console, record)
+        if on_answering:
+            code = run_on_answering_hosts(cfg, console, record, lambda c, b: _start_and_follow(c, b, console, record))
+        else:
+            if backend.owns_processes:  # a queued job records each of its starts itself (shape/slurm_start.py)
+                record.update(**record_facts(cfg, StartShape(cfg.cluster.nnodes), backend.host_names(),
+                                             record.entry))
+            code = _start_and_follow(cfg, backend, console, record)
         return code
     finally:
         record.ended(code, getattr(backend, "job_id", None))
-        if backend.owns_processes:  # a Slurm job's starts are its own (the batch script records them)
+        if backend.owns_processes and not on_answering:  # a Slurm job's starts are its own (the batch script's)
             record_start(cfg.run.dir, started, launch=record.entry["launch"])
 
 

@@ -1,7 +1,8 @@
 """`llmtrain report RUN_DIR`: plots (loss, learning rate, throughput) and a summary table of one run, read from
-its metrics.jsonl and config.yaml, with the stragglers named and the goodput ledger (goodput.json). MFU only from
-rows that have one to show (rundir/mfu_field.py); otherwise one line says why. A mixture-of-experts run also gets
-its router's losses beside the loss and the expert-load heat map (report/expert_load.py)."""
+its metrics.jsonl and config.yaml, with the stragglers named and the goodput ledger (goodput.json; each start's
+nodes and layout: report/start_shapes.py). MFU only from rows that have one to show (rundir/mfu_field.py);
+otherwise one line says why. A mixture-of-experts run also gets its router's losses beside the loss and the
+expert-load heat map (report/expert_load.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from omegaconf import OmegaConf
 from llmtrain.config.errors import ConfigError
 from llmtrain.console import fold_table, get_console, plain
 from llmtrain.jobs.status import straggler_line
-from llmtrain.report import expert_load, spike_marks
+from llmtrain.report import expert_load, spike_marks, start_shapes
 from llmtrain.report.plotting import NO_PLOTS, PLOT_EXTRA, pyplot
 from llmtrain.report.source_table import plot_source_val_loss, source_rows, val_loss_step
 from llmtrain.rundir import goodput
@@ -155,8 +156,10 @@ def summarize(run_dir: str, rows: list[dict], cfg=None) -> list[tuple[str, str]]
                     + f" ({len(named)} time(s) in all)"))
     out += expert_load.summary_rows(rows)
     out += spike_marks.summary_rows(run_dir)
+    starts = goodput.read_ledger(run_dir)
     out += [(label if i == 0 else f"  {label}", value)
-            for i, (label, value) in enumerate(goodput.summary_lines(goodput.read_ledger(run_dir)))]
+            for i, (label, value) in enumerate(goodput.summary_lines(starts))]
+    out += start_shapes.summary_rows(starts, sel("cluster.nnodes"))
     return out
 
 

@@ -19,7 +19,8 @@ class SpikeGuard:
         """`ckpt`: the CheckpointManager, `state`: the TrainingState, `phase`: the heartbeat's phase context."""
         s = cfg.train.spike
         self.policy, self.margin, self.max_rollbacks = s.policy, s.margin_steps, s.max_rollbacks
-        self.rule = SpikeRule(s.metric, s.window, s.sigma) if s.sigma is not None else None
+        self.rule = SpikeRule(s.metric, s.window, s.sigma, admit_spikes=s.policy == WARN) if s.sigma is not None \
+            else None
         self.global_batch = cfg.train.global_batch_size
         self.run_dir, self.ckpt, self.state, self.log, self.rank, self.phase = run_dir, ckpt, state, log, rank, phase
         self.fault = loss_spike()

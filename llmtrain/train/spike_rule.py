@@ -2,8 +2,10 @@
 sigma standard deviations of the trailing window is a spike. Pure: it is handed the globally reduced values every
 rank already holds, so every rank reaches the same verdict without a collective of its own.
 
-Only finite values of applied steps enter the window: a spike does not widen the band it is judged by, and a
-non-finite step is the streak counter's (train.max_bad_steps) business, not this rule's.
+Only finite values of applied steps enter the window: a spike that is not applied (stop, rollback) does not widen
+the band it is judged by, and a non-finite step is the streak counter's (train.max_bad_steps) business, not this
+rule's. Under warn the spike's update is applied, so its value enters the window: a lasting rise is said for a
+while, until the window has taken it in, not at every step from then on.
 """
 
 from __future__ import annotations
@@ -33,8 +35,9 @@ class Spike:
 
 
 class SpikeRule:
-    def __init__(self, metric: str, window: int, sigma: float):
-        self.metric, self.sigma = metric, sigma
+    def __init__(self, metric: str, window: int, sigma: float, admit_spikes: bool = False):
+        """`admit_spikes`: a spike's value enters the window too (policy warn: its update is applied)."""
+        self.metric, self.sigma, self.admit_spikes = metric, sigma, admit_spikes
         self.values: deque[float] = deque(maxlen=window)
 
     def judge(self, step: int, loss: float, grad_norm: float, skipped: bool) -> Spike | None:
@@ -45,7 +48,10 @@ class SpikeRule:
         if len(self.values) == self.values.maxlen:
             mean, std = statistics.fmean(self.values), statistics.pstdev(self.values)
             if value > mean + self.sigma * std:
-                return Spike(step, self.metric, value, mean, std, self.sigma, len(self.values))
+                spike = Spike(step, self.metric, value, mean, std, self.sigma, len(self.values))
+                if self.admit_spikes:
+                    self.values.append(value)
+                return spike
         self.values.append(value)
         return None
 

@@ -406,8 +406,8 @@ class Trainer:
         self.bad_since = self.bad_since or self.step
         if self.bad_steps >= self.cfg.train.max_bad_steps:
             raise BadStreak(f"{self.bad_steps} consecutive non-finite steps (train.max_bad_steps="
-                               f"{self.cfg.train.max_bad_steps}); stopping at step {self.step} without saving; "
-                               f"{last_good_state(self.ckpt.last_good, self.bad_since)}")
+                            f"{self.cfg.train.max_bad_steps}); stopping at step {self.step} without saving; "
+                            f"{last_good_state(self.ckpt.last_good, self.bad_since)}")
 
     def save_checkpoint(self, asynchronous: bool) -> bool:
         """Save unless the state may be poisoned: never after a non-finite step (the streak may not be over),

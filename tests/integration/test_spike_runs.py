@@ -176,6 +176,17 @@ def test_policy_stop_fails_naming_the_step_without_saving(tmp_path, monkeypatch)
     assert sorted(losses(run)) == [1, 2, 3, 4, 5, 6]
 
 
+def test_a_rollback_without_a_checkpoint_before_the_spike_stops(tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    monkeypatch.setenv("LLMTRAIN_INJECT_SPIKE", SPIKE)
+    error, log = failed_run(run, *BASE, "train.spike.policy=rollback", "checkpoint.interval=0", "train.max_steps=9")
+    assert error.startswith("RuntimeError: step 7: loss spike: loss "), error
+    assert error.endswith("; no checkpoint of this run before step 7 to roll back to; stopping at step 7 without "
+                          "saving (train.spike.policy=rollback)"), error
+    assert not (run / "checkpoints").exists() or not store.list_checkpoints(str(run))
+    assert not (run / "spikes.json").exists()
+
+
 def test_status_and_report_name_the_rollback(rolled_back):
     from llmtrain.jobs import named_run_dir
     from llmtrain.jobs.status import facts, lines

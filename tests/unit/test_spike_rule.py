@@ -46,6 +46,15 @@ def test_a_value_over_mean_plus_sigma_std_is_a_spike_and_stays_out_of_the_window
     assert rule.judge(6, 4.6, 1.0, skipped=False) is None and list(rule.values) == [4.8, 4.9, 4.7, 4.6]
 
 
+def test_under_warn_a_spike_enters_the_window_so_a_lasting_rise_is_taken_in():
+    rule = SpikeRule("loss", window=4, sigma=3.0, admit_spikes=True)
+    for step, v in enumerate(LOSSES, 1):
+        rule.judge(step, v, 1.0, skipped=False)
+    said = [rule.judge(step, 6.0, 1.0, skipped=False) is not None for step in range(5, 12)]
+    assert said == [True, False, False, False, False, False, False]  # 4.8 4.9 4.7 6: 6 < 5.1 + 3 x 0.524
+    assert list(rule.values) == [6.0] * 4
+
+
 def test_a_larger_sigma_lets_the_same_value_pass():
     assert filled(sigma=3.0).judge(5, 5.3, 1.0, skipped=False) is not None  # 5.3 > 4.85 + 0.335
     assert filled(sigma=5.0).judge(5, 5.3, 1.0, skipped=False) is None  # 5.3 < 4.85 + 0.559
@@ -151,3 +160,20 @@ def test_the_defaults_judge_nothing():
     spike = compose_config([]).train.spike
     assert (spike.policy, spike.metric, spike.window, spike.sigma, spike.margin_steps, spike.max_rollbacks) == (
         "stop", "loss", 50, None, 10, 3)
+
+
+def test_the_report_marks_every_spike_step_on_the_loss_plot():
+    from llmtrain.report.spike_marks import mark_spikes, marks
+
+    rows = [{"step": 4, "loss": 4.8}, {"step": 4, "event": "rollback", "spike_step": 7, "start": 32, "end": 72},
+            {"step": 9, "event": "spike", "metric": "loss", "value": 9.0}, {"step": 9, "loss": 9.0}]
+    assert marks(rows) == [(7, "spike at step 7: rolled back to step 4"), (9, "spike at step 9 (warned)")]
+    drawn = []
+
+    class Axes:
+        def axvline(self, x, **style):
+            drawn.append((x, style.get("label")))
+
+    assert mark_spikes(Axes(), rows) == 2
+    assert drawn == [(7, "loss spike"), (9, None)]  # one legend entry
+    assert marks([{"step": 3, "loss": 1.0}]) == []

@@ -105,9 +105,11 @@ class SSHBackend(Backend):
         if shutil.which("ssh") is None:
             raise ConfigError("cluster.name", "cluster=ssh but the ssh client is not on PATH on this node")
 
-    def __init__(self, cfg, run_dir, worker_module="llmtrain.worker"):
+    def __init__(self, cfg, run_dir, worker_module="llmtrain.worker", hosts=None):
         super().__init__(cfg, run_dir, worker_module)
-        self.hosts = cluster_hosts(cfg.cluster)
+        # `hosts`: the ones a start of a run on fewer nodes runs on (launch/reachable_starts.py)
+        self.hosts = hosts or cluster_hosts(cfg.cluster)
+        self.lost_hosts: list[str] = []  # hosts that stopped answering while the job ran
         self.port, self.port_origin = rendezvous_port(cfg.cluster, self.hosts[0].name)
         self.rdzv_id = f"llmtrain-{uuid.uuid4().hex[:12]}"
         self.workdir = cfg.cluster.workdir or os.getcwd()
@@ -228,6 +230,7 @@ class SSHBackend(Backend):
         probe = check_host(self.cfg.cluster, self.hosts[node].name, PROBE_TIMEOUT_S)
         if probe.error is None:
             return f"lost its node agent or ssh connection (ssh exit code {SSH_ERROR}; the host still answers ssh)"
+        self.lost_hosts.append(self.hosts[node].name)
         return (f"is unreachable (its ssh connection ended with exit code {SSH_ERROR}; a new one failed after "
                 f"{probe.seconds:.1f} s: {probe.error})")
 

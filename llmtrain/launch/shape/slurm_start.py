@@ -13,7 +13,7 @@ from llmtrain.slurm.node_states import parse_sinfo, run_sinfo, split_hosts
 from llmtrain.launch.launch_record import job_launch, note_job
 from llmtrain.launch.shape.check import elastic
 from llmtrain.launch.shape.slurm_node_count import SLURM_TIMEOUT_S, healthy_count, next_count
-from llmtrain.launch.shape.replan import replan, shape_line
+from llmtrain.launch.shape.replan import degrees, replan, shape_line
 from llmtrain.launch.shape.start_record import record_facts
 from llmtrain.rundir.paths import RunPaths
 from llmtrain.slurm import client
@@ -56,10 +56,13 @@ def record_slurm_start(run_dir: str, job_id: str, job_fields: dict[str, str],
     hosts = client.hostnames(os.environ.get("SLURM_JOB_NODELIST", ""), timeout=30)
     shape = replan(cfg, granted)
     entry = job_launch(run_dir, job_id)
-    before = (entry.get("shape") or {}).get("nnodes", cfg.cluster.nnodes)
+    previous = (entry.get("starts") or [None])[-1]
     note_job(run_dir, job_id, **record_facts(cfg, shape, hosts, entry))
-    if not elastic(cfg) or (granted == cfg.cluster.nnodes and before == granted):
+    if not elastic(cfg) or (granted == cfg.cluster.nnodes and (previous or {}).get("nnodes", granted) == granted):
         return None, None
+    if granted == cfg.cluster.nnodes:  # every node is back
+        return (f"llmtrain: this start has all {granted} nodes again ({', '.join(hosts or [])}): "
+                f"{previous['layout']} -> {degrees(cfg)} as configured"), None
     return shape_line(cfg, shape, hosts, missing_words(cfg.cluster.partition, hosts,
                                                        job_fields.get("ExcNodeList"))), None
 
