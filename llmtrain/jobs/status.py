@@ -130,8 +130,11 @@ def _metrics_line(f: dict) -> str:
 
 def start_words(nodes, of, layout, when: str | None, note: str | None = None) -> str:
     """One start: `1 of 2 nodes dp=1 tp=1 pp=1 (06:08)`; `of` only when the start had fewer nodes than asked."""
-    count = f"{nodes} of {of} nodes" if isinstance(of, int) and isinstance(nodes, int) and nodes < of else \
-        f"{nodes} node{'' if nodes == 1 else 's'}"
+    if not isinstance(nodes, int):  # a record this llmtrain did not write
+        count = "? nodes"
+    else:
+        count = f"{nodes} of {of} nodes" if isinstance(of, int) and nodes < of else \
+            f"{nodes} node{'' if nodes == 1 else 's'}"
     inside = ", ".join(w for w in (when, note) if w)
     return f"{count} {layout or '?'}" + (f" ({inside})" if inside else "")
 

@@ -19,9 +19,9 @@ from llmtrain.rundir import goodput
 
 
 def record_start(run_dir: str, started: float, queue_s: float = 0.0, launch: int | None = None,
-                 job_id: str | None = None) -> dict:
+                 job_id: str | None = None, ended: float | None = None) -> dict:
     latest, _ = store.latest_complete(run_dir)
-    ended = time.time()
+    ended = time.time() if ended is None else ended
     entry = goodput.ledger_entry(goodput.read_events(run_dir), started, ended, queue_s=queue_s,
                                  kept_step=latest.step if latest else 0)
     entry = {"launch": launch, "job_id": job_id, "started_at": round(started, 3), "ended_at": round(ended, 3),
@@ -61,11 +61,26 @@ def slurm_start_began(run_dir: str, queue_s: float) -> None:
         atomic_write_json(path, {"started": time.time(), "queue_s": queue_s})
 
 
-def slurm_start_ended(run_dir: str, job_id: str) -> None:
-    """At a Slurm start's end: its ledger entry (nothing when its beginning was not recorded)."""
+def slurm_start_ended(run_dir: str, job_id: str, ended: float | None = None) -> None:
+    """At a Slurm start's end: its ledger entry (nothing when its beginning was not recorded); its beginning goes,
+    so that a beginning left behind tells of a start whose end never came."""
+    path = RunPaths(run_dir).goodput_start
     try:
-        with open(RunPaths(run_dir).goodput_start) as f:
+        with open(path) as f:
             began = json.load(f)
     except (OSError, ValueError):
         return
-    record_start(run_dir, began["started"], queue_s=began.get("queue_s", 0.0), job_id=job_id)
+    record_start(run_dir, began["started"], queue_s=began.get("queue_s", 0.0), job_id=job_id, ended=ended)
+    with contextlib.suppress(OSError):
+        os.remove(path)
+
+
+def close_unended_start(run_dir: str, job_id: str) -> None:
+    """At a Slurm start's beginning: the entry of the previous start when its end never came (Slurm requeued the job
+    and stopped its batch shell first), ended at its last event."""
+    path = RunPaths(run_dir).goodput_start
+    if not os.path.exists(path):
+        return
+    events = goodput.read_events(run_dir)
+    with contextlib.suppress(OSError):
+        slurm_start_ended(run_dir, job_id, events[-1]["t"] if events else os.path.getmtime(path))

@@ -21,6 +21,12 @@ NOTHING_FITS = ("cluster.min_nnodes: on 1 node(s) (8 ranks) no layout is valid a
                 "model (try llmtrain plan --suggest 8); raise cluster.min_nnodes")
 
 
+@pytest.fixture(autouse=True)
+def _uncalibrated(tmp_path, monkeypatch):
+    """No `llmtrain tune` calibration but this test's own (none): the search ranks by the profiles alone."""
+    monkeypatch.setenv("LLMTRAIN_CACHE", str(tmp_path / "cache"))
+
+
 def cfg(*overrides: str, nnodes: int = 2, per_node: int = 2, fewest: int | None = 1):
     c = compose_here(["cluster=slurm", "device=cpu", f"cluster.nnodes={nnodes}", f"cluster.nproc_per_node={per_node}",
                       f"cluster.min_nnodes={'null' if fewest is None else fewest}", *overrides])

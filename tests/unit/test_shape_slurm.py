@@ -137,13 +137,13 @@ def test_a_start_on_fewer_nodes_is_recorded_and_said_then_the_grown_start(slurm_
     assert len(job_launch(run_dir, "7")["starts"]) == 1
     assert requeue_to_grow("7", 2) is None
     assert scontrol_calls(slurm_bin) == ["requeue 7", "update JobId=7 NumNodes=2 NumTasks=2"]
-    # The next start has both: said (the layout is the config's again), then a third start says nothing.
+    # The next start has both: said, from the layout of the start before; then a third start says nothing.
     (slurm_bin / "hostnames.txt").write_text("node1\nnode2\n")
     monkeypatch.setenv("SLURM_NNODES", "2")
     monkeypatch.setenv("SLURM_JOB_NODELIST", "node[1-2]")
     assert record_slurm_start(run_dir, "7", {}) == (
-        "llmtrain: this start has 2 of 2 nodes (node1, node2): as configured, dp=2 tp=1 pp=1 -> dp=2 tp=1 pp=1, "
-        "micro-batches per rank 2 -> 2, global batch 8 kept", None)
+        "llmtrain: this start has all 2 nodes again (node1, node2): dp=1 tp=1 pp=1 -> dp=2 tp=1 pp=1 as configured",
+        None)
     assert record_slurm_start(run_dir, "7", {}) == (None, None)
     starts = job_launch(run_dir, "7")["starts"]
     assert [(s["nnodes"], s["layout"]) for s in starts] == [(1, "dp=1 tp=1 pp=1"), (2, "dp=2 tp=1 pp=1"),
@@ -195,7 +195,8 @@ def test_a_bad_node_is_left_out_and_the_job_requeued_onto_the_rest_only_when_it_
     run_dir = run_dir_with_job(tmp_path, f"cluster.min_nnodes={'null' if fewest is None else fewest}")
     update_ledger(run_dir, lambda led: add_event(led, "node2", "startup", "srun: error: node2: Communication "
                                                                           "connection failure", "7"))
-    (slurm_bin / "sinfo.txt").write_text(BOTH_UP)  # node2 answers, but failed to start the job
+    # node2 answers, but failed to start the job; the partition has these two nodes.
+    (slurm_bin / "sinfo.txt").write_text("node1|allocated|debug*|none\nnode2|idle|debug*|none\n")
     reason = requeue_or_stop(run_dir, "7", "start-up failure on node2")
     if fewest:
         assert reason is None

@@ -18,7 +18,7 @@ import time
 from llmtrain.config.errors import ConfigError
 from llmtrain.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from llmtrain.launch.node.slurm_requeue import start_began
-from llmtrain.launch.goodput_entry import slurm_queue_s, slurm_start_began
+from llmtrain.launch.goodput_entry import close_unended_start, slurm_queue_s, slurm_start_began
 from llmtrain.launch.launch_record import job_launch, note_job
 from llmtrain.launch.run_lock import claim_for_job
 from llmtrain.launch.shape.slurm_start import record_slurm_start, requeue_to_grow
@@ -43,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     start_began(argv[0], job_id, int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0))
     if job_launch(argv[0], job_id).get("hang"):
         note_job(argv[0], job_id, hang=None)
+    close_unended_start(argv[0], job_id)  # before this start's shape is recorded: the entry takes the last one's
     answer = client.show_job(job_id, timeout=30)
     try:  # a start on fewer (or again all) nodes: the layout for the nodes granted, said in one line
         line, grow = record_slurm_start(argv[0], job_id, answer.fields if answer else {})
