@@ -24,8 +24,6 @@ import re
 import shlex
 import subprocess
 
-from omegaconf import ListConfig
-
 from llmtrain.config.errors import ConfigError
 from llmtrain.console import say
 from llmtrain.launch.backends.base import Backend, NodeCommand, node_python, torchrun_argv, worker_env
@@ -42,7 +40,7 @@ from llmtrain.launch.backends.sbatch_lines import (NOTICE_TRAP, node_options, ou
                                                     shell_words, start_nodes)
 from llmtrain.slurm.node_states import partition_cpus
 from llmtrain.launch.backends.slurm_refusals import (NEVER_STARTS, NODE_COUNT_REASONS, REQUEST_KEYS, never_starts,
-                                                     refusal_key)
+                                                     refusal_key, shown)
 from llmtrain.slurm import client
 from llmtrain.slurm.job_states import ENDED_STATES, FINAL_STATES, NOT_STARTED_STATES, exit_code
 from llmtrain.rundir.atomic import atomic_write_text
@@ -56,14 +54,6 @@ EXIT_DETACHED = 0  # Ctrl-C: the launcher stopped following and the job runs on,
 EXIT_NEVER_STARTS = 1
 EXIT_INTERRUPTED = 130
 EXIT_UNFINISHED = 143  # stopped on a signal with a checkpoint, like a preempted local launch
-
-
-def _show(value) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, (list, tuple, ListConfig)):
-        return "[" + ", ".join(str(v) for v in value) + "]"
-    return str(value)
 
 
 class _Seen:
@@ -285,7 +275,7 @@ class SlurmBackend(Backend):
         if key is None:  # not about what the config asks for: sbatch's words, and the script it read
             return ConfigError("cluster", f"sbatch refused the job script {self.script_path()}: {said}")
         keys = REQUEST_KEYS if key == "cluster" else (key,)
-        asked = ", ".join(f"{k}={_show(self._requested(k))}" for k in keys)
+        asked = ", ".join(f"{k}={shown(self._requested(k))}" for k in keys)
         return ConfigError(key, f"sbatch refused the job ({asked}): {said}")
 
     def _requested(self, key: str):

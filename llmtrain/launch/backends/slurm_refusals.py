@@ -4,6 +4,8 @@ this module reads the answers."""
 
 from __future__ import annotations
 
+from omegaconf import ListConfig
+
 import re
 
 # Pending reasons after which the job cannot start until someone changes it or the cluster's configuration, each
@@ -81,3 +83,12 @@ def never_starts(job: dict[str, str], partition: dict[str, str] | None) -> str |
         why = too_few_nodes(job, partition)
         return f"Reason={reason}: {why}" if why else None
     return f"Reason={reason}: check {NEVER_STARTS[reason]}"
+
+
+def shown(value) -> str:
+    """A config value as a refusal names it: null, a list in brackets, else its text."""
+    if value is None:
+        return "null"
+    if isinstance(value, (list, tuple, ListConfig)):
+        return "[" + ", ".join(str(v) for v in value) + "]"
+    return str(value)
