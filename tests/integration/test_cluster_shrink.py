@@ -60,6 +60,21 @@ def launch_in_background(run_dir, cluster, *args: str) -> subprocess.Popen:
                             env={**os.environ, **cluster.env})
 
 
+def on_node2(run_dir) -> list:
+    """This run's processes in node2's network namespace."""
+    pids = subprocess.run(["ip", "netns", "pids", "llmt-n2"], capture_output=True, text=True).stdout.split()
+    return [p for p in node_processes(run_dir) if str(p.pid) in pids]
+
+
+def reconnect(cluster) -> None:
+    """node2's link back up; when Slurm marked it down meanwhile, back to idle."""
+    subprocess.run(["ip", "-n", "llmt-n2", "link", "set", "eth0", "up"], check=True)
+    subprocess.run(["scontrol", "update", "NodeName=node2", "State=RESUME"], capture_output=True, timeout=30,
+                   env=cluster.environ())
+    wait_for(lambda: subprocess.run(["sinfo", "-h", "-n", "node2", "-o", "%T"], capture_output=True, text=True,
+                                    env=cluster.environ()).stdout.strip() == "idle", timeout=90)
+
+
 def slurm_state(cluster, job: str) -> str:
     out = subprocess.run(["scontrol", "show", "job", job], env=cluster.environ(), capture_output=True, text=True,
                          timeout=30).stdout
@@ -143,16 +158,14 @@ def test_ssh_launch_goes_on_without_a_host_that_stops_answering(cluster, referen
         assert wait_for(lambda: step_reached(run_dir, resumed + 1), timeout=120), "no step on one node"
         print(f"host lost to its start without it: {detected:.1f} s; to the first step on one node: "
               f"{time.monotonic() - cut_at:.1f} s")
-        out, _ = proc.communicate(timeout=300)
         # node2's processes could not hear the launcher stop them: they stopped themselves when its heartbeat did.
-        assert wait_for(lambda: not node_processes(run_dir), timeout=20), node_processes(run_dir)
+        assert wait_for(lambda: not on_node2(run_dir), timeout=20), on_node2(run_dir)
+        subprocess.run(["ip", "-n", "llmt-n2", "link", "set", "eth0", "up"], check=True)  # before Slurm marks it down
+        out, _ = proc.communicate(timeout=300)
     finally:
         proc.kill()
         if cut:
-            subprocess.run(["ip", "-n", "llmt-n2", "link", "set", "eth0", "up"], check=True)
-            # Slurm may have marked node2 down meanwhile; later tests need it back.
-            wait_for(lambda: subprocess.run(["sinfo", "-h", "-n", "node2", "-o", "%T"], capture_output=True,
-                                            text=True, env=cluster.environ()).stdout.strip() == "idle", timeout=90)
+            reconnect(cluster)
     assert proc.returncode == 0, out[-3000:]
     # The healthy node1 is not blamed: the unreachable node is named, with what a fresh connection met.
     assert re.search(r"llmtrain: node 1 \(host node2\) is unreachable \(its ssh connection ended with exit code "
