@@ -90,6 +90,12 @@ def latest_complete(run_dir: str) -> tuple[CheckpointInfo | None, list[Checkpoin
     return latest, ignored
 
 
+def newest_step(run_dir: str) -> int | None:
+    """The step of the newest complete checkpoint; None when there is none."""
+    latest, _ = latest_complete(run_dir)
+    return latest.step if latest else None
+
+
 def newest_usable(run_dir: str) -> tuple[CheckpointInfo | None, list[CheckpointInfo]]:
     """latest_complete, refusing a corrupt folder newer than the newest complete one: resuming an older state
     instead would silently drop (and later overwrite) the run's newest save."""

@@ -36,17 +36,12 @@ def answering_hosts(cfg) -> tuple[list, list[str]]:
     return answered[:c.nnodes], [check.line() for check in checks if check.error is not None]
 
 
-def _newest_step(run_dir: str) -> int | None:
-    latest, _ = store.latest_complete(run_dir)
-    return latest.step if latest else None
-
-
 def run_on_answering_hosts(cfg, console, record, start_and_follow) -> int:
     """Starts until one ends for another reason than a lost host (module docstring); its exit code.
     `start_and_follow(cfg, backend)` runs one start as the launcher runs any."""
     run_dir = cfg.run.dir
     fewest = min_nnodes(cfg)
-    progress, without_progress, start = _newest_step(run_dir), 0, 0
+    progress, without_progress, start = store.newest_step(run_dir), 0, 0
     while True:
         hosts, silent = answering_hosts(cfg)
         if len(hosts) < fewest:
@@ -70,7 +65,7 @@ def run_on_answering_hosts(cfg, console, record, start_and_follow) -> int:
         record_start(run_dir, began, launch=record.entry["launch"])
         if code == 0 or not backend.lost_hosts:
             return code
-        step = _newest_step(run_dir)
+        step = store.newest_step(run_dir)
         without_progress = 0 if step != progress else without_progress + 1
         progress, start = step, start + 1
         limit = cfg.cluster.max_starts_without_progress

@@ -21,6 +21,7 @@ import os
 from collections import defaultdict
 
 from llmtrain.rundir.atomic import atomic_write_json
+from llmtrain.rundir.json_list import read_entries
 from llmtrain.rundir.unwritten import warn_unwritten
 from llmtrain.rundir.paths import RunPaths
 
@@ -105,12 +106,7 @@ def _kept_until(timeline: list[dict], resumed: int | None) -> float:
 
 def read_ledger(run_dir: str) -> list[dict]:
     """Every start's entry, oldest first; [] when there is no (readable) ledger."""
-    try:
-        with open(ledger_path(run_dir)) as f:
-            starts = json.load(f).get("starts", [])
-    except (OSError, ValueError, AttributeError):
-        return []
-    return [entry for entry in starts if isinstance(entry, dict)]
+    return read_entries(ledger_path(run_dir), "starts")
 
 
 def append_entry(run_dir: str, entry: dict) -> None:

@@ -3,20 +3,14 @@
 
 from __future__ import annotations
 
-import json
-
 from llmtrain.rundir.atomic import atomic_write_json
+from llmtrain.rundir.json_list import read_entries
 from llmtrain.rundir.paths import RunPaths
 
 
 def read_launches(run_dir: str) -> list[dict]:
     """Every launch recorded in run_dir, oldest first; [] when there is no (readable) record."""
-    try:
-        with open(RunPaths(run_dir).job_record) as f:
-            launches = json.load(f).get("launches", [])
-    except (OSError, ValueError, AttributeError):
-        return []
-    return [entry for entry in launches if isinstance(entry, dict)]
+    return read_entries(RunPaths(run_dir).job_record, "launches")
 
 
 def write_launches(run_dir: str, launches: list[dict]) -> None:

@@ -9,21 +9,15 @@ An entry: step (the spike), checkpoint_step (the checkpoint rolled back to), sta
 
 from __future__ import annotations
 
-import json
-
 from llmtrain.rundir.atomic import atomic_write_json
+from llmtrain.rundir.json_list import read_entries
 from llmtrain.rundir.paths import RunPaths
 
 
 def read_rollbacks(run_dir: str) -> list[dict]:
     """Every rollback recorded in run_dir, oldest first; [] when there is no (readable) record."""
-    try:
-        with open(RunPaths(run_dir).spikes) as f:
-            entries = json.load(f).get("rollbacks", [])
-    except (OSError, ValueError, AttributeError):
-        return []
-    return [e for e in entries if isinstance(e, dict) and isinstance(e.get("start"), int)
-            and isinstance(e.get("end"), int)]
+    return [e for e in read_entries(RunPaths(run_dir).spikes, "rollbacks")
+            if isinstance(e.get("start"), int) and isinstance(e.get("end"), int)]
 
 
 def add_rollback(run_dir: str, entry: dict) -> None:

@@ -4,8 +4,9 @@ they make, and the crash-loop breaker's count of starts without a new checkpoint
 from __future__ import annotations
 
 from llmtrain.launch.node.requeue_policy import (bad_hosts, breaker_reason, exclusion, note_end, note_start,
-                                                 split_hosts, too_few_left)
+                                                 too_few_left)
 from llmtrain.rundir.node_ledger import add_event, empty_ledger
+from llmtrain.slurm.node_states import split_hosts
 
 
 def _ledger(*events: tuple[str, str, str]) -> dict:

@@ -35,7 +35,8 @@ from llmtrain.launch.node.env import wrap_for_gloo
 from llmtrain.launch.node.slurm_hang_watch import HUNG
 from llmtrain.launch.node.start_culprits import SETUP_BEGINS
 from llmtrain.launch.node.setup import setup_statements
-from llmtrain.launch.shape.slurm_node_count import elastic, release_pinned
+from llmtrain.launch.shape.check import elastic
+from llmtrain.launch.shape.slurm_node_count import release_pinned
 from llmtrain.launch.backends.sbatch_lines import (NOTICE_TRAP, node_options, output_path, sbatch_quoted,
                                                     shell_words, start_nodes)
 from llmtrain.slurm.node_states import partition_cpus

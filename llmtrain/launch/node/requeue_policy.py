@@ -13,7 +13,6 @@ from __future__ import annotations
 import time
 
 from llmtrain.rundir.node_ledger import last_detail, now_text
-from llmtrain.slurm.node_states import split_hosts  # noqa: F401 (slurm_requeue reads it here)
 
 
 def _plural(n: int, word: str) -> str:

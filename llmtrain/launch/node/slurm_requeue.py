@@ -15,12 +15,13 @@ from dataclasses import dataclass
 
 from omegaconf import OmegaConf
 
-from llmtrain.checkpoint.store import latest_complete
+from llmtrain.checkpoint.store import newest_step
 from llmtrain.launch.launch_record import note_job
-from llmtrain.launch.node.requeue_policy import (breaker_reason, exclusion, note_end, note_start, split_hosts,
+from llmtrain.launch.node.requeue_policy import (breaker_reason, exclusion, note_end, note_start,
                                                  too_few_left)
 from llmtrain.launch.node.start_culprits import Culprit, setup_culprit, start_culprit
 from llmtrain.launch.shape.slurm_node_count import pin_node_count
+from llmtrain.slurm.node_states import split_hosts
 from llmtrain.rundir.node_ledger import add_event, now_text, read_ledger, update_ledger
 from llmtrain.slurm import client
 
@@ -54,11 +55,6 @@ def read_policy(run_dir: str) -> Policy:
 
 def say(message: str) -> None:
     print(f"llmtrain: {message}", flush=True)
-
-
-def newest_step(run_dir: str) -> int | None:
-    latest, _ = latest_complete(run_dir)
-    return latest.step if latest else None
 
 
 def start_began(run_dir: str, job_id: str, restart: int) -> None:

@@ -11,7 +11,7 @@ left out, and grows back once they return.
 from __future__ import annotations
 
 from llmtrain.slurm.node_states import parse_sinfo, run_sinfo
-from llmtrain.launch.shape.check import elastic, min_nnodes  # noqa: F401 (elastic: slurm.py reads it here)
+from llmtrain.launch.shape.check import min_nnodes
 from llmtrain.slurm import client
 
 SLURM_TIMEOUT_S = 30
@@ -33,11 +33,16 @@ def next_count(fewest: int, most: int, healthy: int | None) -> int:
     return max(fewest, min(most, healthy))
 
 
+def set_node_count(job_id: str, count: int) -> str | None:
+    """A pending job's node count; None when Slurm took it, else why not. One task per node (the node agent): the
+    task count follows, or Slurm keeps asking for the old node count."""
+    return client.update_job(job_id, f"NumNodes={count}", f"NumTasks={count}", timeout=SLURM_TIMEOUT_S)
+
+
 def pin_node_count(job_id: str, fewest: int, most: int, partition: str | None, excluded: list[str]) -> str | None:
     """Set the pending job's node count for its next start; a line saying what went wrong, or None."""
     count = next_count(fewest, most, healthy_count(partition, excluded))
-    # One task per node (the node agent): the task count follows, or Slurm keeps asking for the old node count.
-    why = client.update_job(job_id, f"NumNodes={count}", f"NumTasks={count}", timeout=SLURM_TIMEOUT_S)
+    why = set_node_count(job_id, count)
     return None if why is None else f"could not set job {job_id}'s node count to {count}: {why}"
 
 

@@ -12,7 +12,7 @@ from llmtrain.config.errors import ConfigError
 from llmtrain.slurm.node_states import parse_sinfo, run_sinfo, split_hosts
 from llmtrain.launch.launch_record import job_launch, note_job
 from llmtrain.launch.shape.check import elastic
-from llmtrain.launch.shape.slurm_node_count import SLURM_TIMEOUT_S, healthy_count, next_count
+from llmtrain.launch.shape.slurm_node_count import SLURM_TIMEOUT_S, healthy_count, next_count, set_node_count
 from llmtrain.launch.shape.replan import degrees, replan, shape_line
 from llmtrain.launch.shape.start_record import record_facts
 from llmtrain.rundir.paths import RunPaths
@@ -24,8 +24,8 @@ def missing_words(partition: str | None, hosts: list[str] | None, excluded: str 
     text, _ = run_sinfo(partition)
     _, nodes = parse_sinfo(text, partition) if text else (None, [])
     left_out = set(split_hosts(excluded))
-    out = [n.line() for n in nodes if n.name not in (hosts or []) and (not n.usable or n.name in left_out)]
-    out = [f"{line} (excluded)" if line.split(":")[0] in left_out else line for line in out]
+    out = [n.line() + (" (excluded)" if n.name in left_out else "") for n in nodes
+           if n.name not in (hosts or []) and (not n.usable or n.name in left_out)]
     return "not in this start: " + "; ".join(out) if out else None
 
 
@@ -74,7 +74,7 @@ def requeue_to_grow(job_id: str, count: int) -> str | None:
     try:
         why = client.requeue(job_id, timeout=SLURM_TIMEOUT_S)
         if why is None:
-            why = client.update_job(job_id, f"NumNodes={count}", f"NumTasks={count}", timeout=SLURM_TIMEOUT_S)
+            why = set_node_count(job_id, count)
     finally:
         signal.signal(signal.SIGTERM, before)
     return why
