@@ -24,8 +24,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 TWO_NODES = [*SMALL, "train.global_batch_size=8", "train.micro_batch_size=2", "cluster=slurm", "cluster.nnodes=2",
              "cluster.nproc_per_node=1", "cluster.gpus_per_node=0", "cluster.cpus_per_node=1", "cluster.time=null"]
 LIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED")
-VERDICT = (r"llmtrain: hang: rank 1 \(node (\d), host (node[12]), local rank 0\) never entered all_reduce #\d+ on "
-           r"the dp group; rank 0 waits in it; rank 1 did not answer the stack request \(process stopped\)")
+# Where rank 1 stops decides which collective rank 0 waits in: the gradient all_reduce or the straggler watch's all_gather.
+VERDICT = (r"llmtrain: hang: rank 1 \(node (\d), host (node[12]), local rank 0\) never entered "
+           r"(?:all_reduce|all_gather) #\d+ on the dp group; rank 0 waits in it; "
+           r"rank 1 did not answer the stack request \(process stopped\)")
 END_BOUND_S = 90  # from the SIGSTOP to no process of the job left: 5 s bound + evidence (<= 15 s) + the kill
 
 
