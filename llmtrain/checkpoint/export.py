@@ -16,13 +16,15 @@ import warnings
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 # read_safetensors and read_safetensors_metadata: also imported from here by callers of the export.
 from llmtrain.checkpoint.safetensors_io import (process_umask, read_safetensors,  # noqa: F401
                                                 read_safetensors_metadata, write_safetensors)
 from llmtrain.checkpoint.weight_map import EMBED, HEAD, clean_name, state_shapes
+from llmtrain.checkpoint.storage import storage_for
 from llmtrain.config import ConfigError, load_run_config, to_yaml
+from llmtrain.config.compose import to_typed
 from llmtrain.config.derived import padded_vocab_size
 from llmtrain.model.registry import family_of
 from llmtrain.rundir.atomic import publish_dir
@@ -39,17 +41,26 @@ HF_CONFIG_FILE = "config.json"
 
 
 def load_checkpoint_config(ckpt_dir: str | os.PathLike) -> DictConfig:
-    """The run config saved with a checkpoint; ConfigError for a missing folder or config.yaml."""
-    ckpt = Path(ckpt_dir)
-    if not ckpt.exists():
-        raise ConfigError(str(ckpt), "no such checkpoint folder")
-    if not ckpt.is_dir():
-        raise ConfigError(str(ckpt), "not a checkpoint folder (expected a folder with DCP files and config.yaml)")
-    cfg_path = ckpt / CONFIG_FILE
-    if not cfg_path.is_file():
-        raise ConfigError(str(cfg_path), "missing: a checkpoint folder holds the run's config.yaml next to its "
-                                         "DCP files (is this a complete checkpoint folder?)")
-    return load_run_config(cfg_path)
+    """The run config saved with a checkpoint (a folder or an object-store URI); ConfigError for a missing folder
+    or config.yaml."""
+    ckpt = os.fspath(ckpt_dir)
+    storage = storage_for(ckpt)
+    if not storage.isdir(ckpt):
+        if storage.isfile(ckpt):
+            raise ConfigError(ckpt, "not a checkpoint folder (expected a folder with DCP files and config.yaml)")
+        raise ConfigError(ckpt, "no such checkpoint folder")
+    cfg_path = storage.join(ckpt, CONFIG_FILE)
+    if not storage.isfile(cfg_path):
+        raise ConfigError(cfg_path, "missing: a checkpoint folder holds the run's config.yaml next to its "
+                                    "DCP files (is this a complete checkpoint folder?)")
+    if storage.renames:
+        return load_run_config(cfg_path)
+    try:
+        return to_typed(OmegaConf.create(storage.read_text(cfg_path)))
+    except ConfigError:
+        raise
+    except Exception as e:
+        raise ConfigError(cfg_path, f"unreadable config: {str(e).strip().splitlines()[0][:200]}") from None
 
 
 def _read_dcp_metadata(ckpt: Path):

@@ -12,7 +12,6 @@ import contextlib
 import errno
 import json
 import os
-import shutil
 import time
 
 import torch
@@ -24,6 +23,8 @@ from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.tensor import DTensor
 
 from llmtrain.checkpoint import store
+from llmtrain.checkpoint.location import LOCAL, STORE, tiers_of_config
+from llmtrain.checkpoint.storage import storage_for
 from llmtrain.checkpoint.state import ModelState, OptimizerState
 from llmtrain.checkpoint.training_state import TrainingState
 from llmtrain.config import to_yaml
@@ -39,14 +40,6 @@ def layout_of(cfg: DictConfig) -> dict:
     if p.get("ep", 1) > 1:  # only then: a checkpoint without expert parallel reads as before
         layout["ep"] = p.ep
     return layout
-
-
-def _free_bytes(path: str) -> int | None:
-    try:
-        st = os.statvfs(path)
-    except OSError:
-        return None
-    return st.f_bavail * st.f_frsize
 
 
 def _local_bytes(state: dict) -> int:
@@ -68,7 +61,7 @@ def _out_of_space(e: BaseException, folder: str, state: dict) -> bool:
         return True
     if isinstance(e, (KeyboardInterrupt, SystemExit)):
         return False
-    free = _free_bytes(folder)
+    free = storage_for(folder).free_bytes(folder)
     return free is not None and free < _local_bytes(state)
 
 
@@ -88,6 +81,19 @@ def _disk_full(e: BaseException | None) -> bool:
     return False
 
 
+def _every_shard_seen(path: str) -> None:
+    """The fast tier must be one folder for every rank: rank 0 uploads all of it. Shards written on another node's
+    disk would be missing from the upload, so they are an error here, at the first save, not at a resume."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    referenced = {info.relative_path for info in FileSystemReader(path).read_metadata().storage_data.values()}
+    unseen = sorted(referenced - set(storage_for(path).sizes(path)))
+    if unseen:
+        raise store.CheckpointError("checkpoint.local_dir", f"{len(unseen)} shard file(s) other nodes wrote are not "
+                                    f"in {path} on rank 0's node (e.g. {unseen[0]}): the fast tier must be a folder "
+                                    "every rank sees (node-local disks work for one-node runs)")
+
+
 class CheckpointManager:
     def __init__(self, cfg: DictConfig, run_dir: str, log, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  state: TrainingState):
@@ -98,6 +104,10 @@ class CheckpointManager:
         self.optimizer = optimizer
         self.state = state
         self.run_dir = run_dir
+        self.tiers = tiers_of_config(cfg, run_dir)
+        # Saves go to the fast tier when there is one, every upload_every-th of them up to checkpoint.dir.
+        self.save_tier = LOCAL if self.tiers.local else STORE
+        self.saves = 0
         self.log = log
         self.rank = dist.get_rank()
         # Saves (async ones finish in a background thread) get their own gloo group, so their collectives never
@@ -109,12 +119,18 @@ class CheckpointManager:
         self.saved: tuple[str, int] | None = None  # (path, step) of the newest checkpoint loaded or saved
         # What this launch trains on (rank 0 writes meta.json), recorded in every checkpoint for the next launch.
         self.data = data_identity(cfg.data) if self.rank == 0 and cfg.get("data") is not None else None
+        self.uploader = None
         if self.rank == 0:
             self._remove_partials()
+            if self.tiers.local:
+                from llmtrain.checkpoint.upload import Uploader
+
+                self.uploader = Uploader(self.tiers.store, cfg.checkpoint.keep, log)
 
     def _remove_partials(self) -> None:
-        """A launch starts with no save in flight, so every .tmp folder is the leftover of a killed save."""
-        removed = store.remove_partials(self.run_dir)
+        """A launch starts with no save or upload in flight, so every partial folder is the leftover of a killed
+        one."""
+        removed = store.remove_partials(self.tiers)
         if removed:
             self.log(f"llmtrain: removed {len(removed)} partial checkpoint folder(s) left by saves that did not "
                      f"finish: {', '.join(os.path.basename(p) for p in removed)}", flush=True)
@@ -123,7 +139,7 @@ class CheckpointManager:
     def last_good(self) -> tuple[str, int] | None:
         """(path, step) of the newest checkpoint of this run: loaded, saved, or being saved in the background."""
         if self.pending is not None:
-            return self.pending[1][: -len(".tmp")], self.pending[2]
+            return self.pending[1].removesuffix(".tmp"), self.pending[2]
         return self.saved
 
     # ---- state ----------------------------------------------------------------------------------------------
@@ -142,25 +158,28 @@ class CheckpointManager:
     def save(self, asynchronous: bool) -> None:
         self.wait()  # one save in flight at a time
         step = self.state.step
-        tmp = store.step_dir(self.run_dir, step) + ".tmp"
+        storage = storage_for(self.tiers.at(self.save_tier))
+        tmp = storage.staged_name(store.step_dir(self.tiers, step, self.save_tier))
         if self.rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)  # leftovers of a save that was killed
-            os.makedirs(tmp)
+            storage.remove(tmp)  # leftovers of a save that was killed
+            storage.makedirs(tmp)
         dist.barrier(group=self.group)
         state = self.state_dict()
         elapsed = self.state.elapsed_s()
         t0 = time.perf_counter()
+        # A filesystem's writer is torch's own (its manifest is read back); an object store's counts the bytes.
+        self.writer = writer = storage.dcp_writer(tmp) if not storage.renames else None
+        where = {"storage_writer": writer} if writer else {"checkpoint_id": tmp}
         with self._one_line_if_disk_full(tmp, step, state):
             if asynchronous:
                 # The copy of the state to host memory runs in the background too: training goes on at once and
                 # waits for the copy only before the optimizer changes the weights (wait_for_staging).
-                response = dcp.async_save(state, checkpoint_id=tmp, process_group=self.group,
-                                          async_stager=self._stager())
+                response = dcp.async_save(state, **where, process_group=self.group, async_stager=self._stager())
                 self.staging = response.staging_completion
                 self.pending = (response.upload_completion, tmp, step, elapsed, t0, state)
                 self.log(f"llmtrain: checkpoint step {step}: saving in the background", flush=True)
             else:
-                dcp.save(state, checkpoint_id=tmp, process_group=self.group)
+                dcp.save(state, **where, process_group=self.group)
                 self._finalize(tmp, step, elapsed, t0, state)
 
     def _stager(self):
@@ -191,7 +210,7 @@ class CheckpointManager:
             if not _out_of_space(e, os.path.dirname(tmp), state):
                 raise
             if self.rank == 0:
-                shutil.rmtree(tmp, ignore_errors=True)
+                storage_for(tmp).remove(tmp)
             raise RuntimeError(f"no space left on device writing checkpoint step {step} at {tmp}") from None
 
     def poll(self) -> None:
@@ -216,10 +235,12 @@ class CheckpointManager:
 
     def _finalize(self, tmp: str, step: int, elapsed: float, t0: float, state: dict) -> None:
         # Complete only when every rank has written its part: then rank 0 seals the folder.
-        dist.barrier(group=self.group)
+        written = self._written_by_every_rank()
         if self.rank == 0:
-            with open(os.path.join(tmp, "config.yaml"), "w") as f:
-                f.write(to_yaml(self.cfg))
+            storage = storage_for(tmp)
+            storage.write_bytes(storage.join(tmp, "config.yaml"), to_yaml(self.cfg).encode())
+            if self.save_tier == LOCAL:
+                _every_shard_seen(tmp)
             mixture = state["extra"].get("mixture")
             skipped = state["extra"].get("skipped")  # loss-spike rollbacks: a load asks for them by this key
             final = store.finalize(tmp, {**({"mixture": json.loads(mixture)} if mixture else {}),
@@ -230,14 +251,43 @@ class CheckpointManager:
                                          "elapsed_s": round(elapsed, 3),
                                          # plain values: model.rope_scaling is a section of its own
                                          "model": OmegaConf.to_container(self.cfg.model, resolve=True),
-                                         "data": self.data})
+                                         "data": self.data}, written)
             size = sum(v["bytes"] for v in store.read_meta(final)["files"].values())
-            removed = store.prune(self.run_dir, self.cfg.checkpoint.keep, protect=final)
+            upload = self._upload_after(final, step)
+            removed = store.prune(self.tiers, self.cfg.checkpoint.keep, protect=final, tier=self.save_tier,
+                                  hold=self.uploader.held() if self.uploader else ())
             self.log(f"llmtrain: saved checkpoint step {step} -> {final} ({size / 2**20:.1f} MiB, "
-                     f"{time.perf_counter() - t0:.1f} s)" + (f"; removed {len(removed)} old" if removed else ""),
-                     flush=True)
+                     f"{time.perf_counter() - t0:.1f} s)" + (f"; removed {len(removed)} old" if removed else "")
+                     + upload, flush=True)
         dist.barrier(group=self.group)
-        self.saved = (tmp[: -len(".tmp")], step)
+        self.saved = (tmp.removesuffix(".tmp"), step)
+
+    def _written_by_every_rank(self) -> dict | None:
+        """What every rank's writer counted (an object store's save), gathered on rank 0; None on a filesystem,
+        where rank 0 reads the files back. Also the barrier after which every rank's part is written."""
+        mine = self.writer.written if getattr(self, "writer", None) is not None else None
+        if mine is None:
+            dist.barrier(group=self.group)
+            return None
+        every = [None] * dist.get_world_size(self.group) if self.rank == 0 else None
+        dist.gather_object(mine, every, dst=0, group=self.group)
+        return {name: entry for part in every for name, entry in part.items()} if self.rank == 0 else None
+
+    def _upload_after(self, final: str, step: int) -> str:
+        """Rank 0 with a fast tier: every upload_every-th save goes up to checkpoint.dir in the background."""
+        if self.uploader is None:
+            return ""
+        self.saves += 1
+        if self.saves % self.cfg.checkpoint.upload_every and step < self.cfg.train.max_steps:
+            return ""
+        self.uploader.submit(final, step)
+        return f"; uploading to {self.tiers.store} in the background"
+
+    def finish(self) -> None:
+        """At the end of the run: the save in flight, then the uploads waiting."""
+        self.wait()
+        if self.uploader is not None:
+            self.uploader.finish()
 
     # ---- load ------------------------------------------------------------------------------------------------
     def load(self, path: str, prefix: str = "") -> None:
@@ -247,8 +297,9 @@ class CheckpointManager:
         same_layout = meta.get("layout") == layout_of(self.cfg)
         state = self.state_dict(for_load=True, include_rng=same_layout, mixture="mixture" in meta,
                                 skipped="skipped" in meta)
+        storage = storage_for(path)
         try:
-            dcp.load(state, checkpoint_id=path, process_group=self.group)
+            dcp.load(state, storage_reader=storage.dcp_reader(path), process_group=self.group)
         except Exception as e:
             raise store.CheckpointError(path, f"cannot load checkpoint: {type(e).__name__}: "
                                               f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}") from e

@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass, field
 
 from llmtrain.checkpoint import store
+from llmtrain.checkpoint.storage import is_uri, local_path
 from llmtrain.errors import CheckpointUsageError
 
 KEY = "checkpoint.resume"
@@ -45,8 +46,8 @@ class Resolution:
         return cls(value, record["checkpoint"], str(record.get("why", "")))
 
 
-def resolve_resume(run_dir: str, value: str) -> Resolution:
-    """`value` (auto | none | PATH) against the run directory `run_dir`. Raises CheckpointUsageError naming
+def resolve_resume(run_dir, value: str) -> Resolution:
+    """`value` (auto | none | PATH or URI) against the run directory `run_dir` (or its checkpoint tiers). Raises CheckpointUsageError naming
     checkpoint.resume (or the corrupt folder) when PATH is no complete checkpoint, or a corrupt folder is newer
     than the newest complete one."""
     if value == "none":
@@ -56,10 +57,11 @@ def resolve_resume(run_dir: str, value: str) -> Resolution:
         if latest is None:
             return Resolution(value, None, f"auto: no complete checkpoint in {store.checkpoints_dir(run_dir)}",
                               tuple(ignored))
-        why = f"auto: newest complete checkpoint {os.path.basename(latest.path)}"
+        why = f"auto: newest complete checkpoint {latest.path.rstrip('/').rsplit('/', 1)[-1]}" + \
+            (" (the fast tier, checkpoint.local_dir)" if latest.tier == store.LOCAL else "")
         return Resolution(value, latest.path, why, tuple(ignored))
-    path = os.path.abspath(os.path.expanduser(value))
-    if not os.path.isdir(path):
+    path = value.rstrip("/") if is_uri(value) else os.path.abspath(os.path.expanduser(local_path(value)))
+    if not store.exists(path):
         raise CheckpointUsageError(KEY, f"no such checkpoint folder: {value}")
     if path.endswith(".tmp"):
         raise CheckpointUsageError(KEY, f"{value} is not a complete checkpoint (its save did not finish)")

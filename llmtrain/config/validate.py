@@ -372,6 +372,7 @@ def _validate_cluster(cfg: DictConfig) -> None:
     _require(c.bad_node_failures >= 1, "cluster.bad_node_failures", f"must be >= 1 (got {c.bad_node_failures})")
     _non_negative(cfg, "cluster.max_starts_without_progress")
     _require(cfg.checkpoint.keep >= 1, "checkpoint.keep", f"must be >= 1 (got {cfg.checkpoint.keep})")
+    _check_checkpoint_location(cfg.checkpoint)
     if traits_of(c.name).uses_hostfile:
         _require(c.hostfile not in (None, "???"), "cluster.hostfile",
                  "cluster=ssh needs a hostfile: cluster.hostfile=FILE (lines of 'hostname slots=N')")
@@ -392,3 +393,17 @@ SECTIONS: tuple[tuple[str, Probe], ...] = (
     ("logging", _validate_logging),
 )
 
+
+
+def _check_checkpoint_location(ckpt) -> None:
+    """checkpoint.dir and the fast tier: shape only here; the launch probes the store itself (a write)."""
+    _require(ckpt.upload_every >= 1, "checkpoint.upload_every", f"must be >= 1 (got {ckpt.upload_every})")
+    for key in ("dir", "local_dir"):
+        value = ckpt.get(key)
+        _require(value is None or (isinstance(value, str) and value.strip() != ""), f"checkpoint.{key}",
+                 "must be a path or a URI, or null")
+    local = ckpt.get("local_dir")
+    _require(local is None or "://" not in local or local.startswith("file://"), "checkpoint.local_dir",
+             f"must be a local or shared folder, not an object store ({local}); the store goes in checkpoint.dir")
+    _require(local is None or ckpt.get("dir") is not None, "checkpoint.local_dir",
+             "is a fast tier in front of checkpoint.dir, which is null; set checkpoint.dir to where the uploads go")

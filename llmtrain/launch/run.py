@@ -11,6 +11,7 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.table import Table
 
+from llmtrain.checkpoint.location import tiers_of_config
 from llmtrain.checkpoint.resume import Resolution, resolve_resume
 from llmtrain.config import batch, to_yaml, validate
 from llmtrain.config.errors import ConfigError
@@ -87,8 +88,10 @@ def dry_run(cfg: DictConfig) -> int:
     check_shapes(cfg)
     fit = check_memory_fit(cfg)
     check_tracker_stores(cfg)
+    check_checkpoint_store(cfg)
     check_init_from(cfg)
-    resolution = resolve_resume(run_dir, cfg.checkpoint.resume)  # a PATH that is no checkpoint is refused here too
+    # A PATH that is no checkpoint is refused here too.
+    resolution = resolve_resume(tiers_of_config(cfg, run_dir), cfg.checkpoint.resume)
     console.rule("resolved config")
     plain(to_yaml(cfg), console=console)
     console.print(layout_table(cfg))
@@ -120,6 +123,18 @@ def prepare_run_dir(cfg: DictConfig) -> str:
     return run_dir
 
 
+def check_checkpoint_store(cfg: DictConfig) -> None:
+    """checkpoint.dir and checkpoint.local_dir, written to once (a probe object, removed again): an unreachable
+    endpoint, a missing bucket or a denied write is one line naming the key and the location."""
+    from llmtrain.checkpoint.storage.probe import why_unwritable
+
+    for key in ("dir", "local_dir"):
+        location = cfg.checkpoint.get(key)
+        problem = why_unwritable(location) if location else None
+        if problem:
+            raise ConfigError(f"checkpoint.{key}", problem)
+
+
 def check_init_from(cfg: DictConfig) -> None:
     """model.init_from's tensors against the model the config builds, from the files' headers (no tensor data):
     a wrong folder is one line naming the tensor, the file and both shapes, before any worker starts."""
@@ -141,22 +156,23 @@ def check_resume(cfg: DictConfig, console: Console, origins: dict[str, str] | No
     when it would start a different run in run.dir, and what differs from the checkpoint's config. `origins`
     (compose_here's): a run moved aside takes back the default global batch instead of its checkpoint's."""
     from llmtrain.checkpoint import store
+    from llmtrain.checkpoint.export import load_checkpoint_config
     from llmtrain.checkpoint.diff import check_positions, check_resumable, context_change, describe_change
-    from llmtrain.config import load_run_config
     from llmtrain.data.identity import data_changes
 
     run_dir = os.path.abspath(cfg.run.dir)
-    resolution = resolve_resume(run_dir, cfg.checkpoint.resume)
+    tiers = tiers_of_config(cfg, run_dir)  # this launch's, not those of the config.yaml it replaces
+    resolution = resolve_resume(tiers, cfg.checkpoint.resume)
     path, old = resolution.checkpoint, None
     if path is not None:
         store.verify(path)
-        old = load_run_config(os.path.join(path, "config.yaml"))
+        old = load_checkpoint_config(path)
         if not cfg.run.overwrite:  # said as itself, not as the new run in run.dir it would otherwise be
             check_positions(old, cfg, path)
     why, aside = run_identity.conflict(cfg, run_dir, path, old)
     if why:
         say(run_identity.refuse_or_move_aside(cfg, run_dir, why, aside), console=console)
-        resolution = resolve_resume(run_dir, cfg.checkpoint.resume)  # the run moved aside: resolved again
+        resolution = resolve_resume(tiers, cfg.checkpoint.resume)  # the run moved aside: resolved again
         path = resolution.checkpoint
         if path is None and origins is not None and origins.get(batch.GLOBAL_KEY) == "checkpoint":
             keep_checkpoint_batch(cfg, origins, None)
@@ -199,6 +215,7 @@ def launch(cfg: DictConfig, origins: dict[str, str] | None = None) -> int:
     backend.check_ready()  # missing tools or devices: refused before anything is written
     check_shapes(cfg)  # a run that accepts fewer nodes has a layout for each count
     check_tracker_stores(cfg)  # a store that would stall rank 0's start-up, as well
+    check_checkpoint_store(cfg)
     check_init_from(cfg)
     existed = os.path.isdir(run_dir)
     lock = RunDirLock(run_dir)

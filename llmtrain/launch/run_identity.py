@@ -16,31 +16,35 @@ import time
 from omegaconf import DictConfig
 
 from llmtrain.checkpoint import store
+from llmtrain.checkpoint.location import tiers_of_config
+from llmtrain.checkpoint.storage import storage_for
 from llmtrain.checkpoint.diff import config_diff, shape_keys
 from llmtrain.config.errors import ConfigError
 from llmtrain.data.identity import data_changes
-from llmtrain.rundir.paths import METRICS, RUN_FILES, RunPaths
+from llmtrain.rundir.paths import METRICS, PREVIOUS, RUN_FILES, RunPaths
 
 
 def conflict(cfg: DictConfig, run_dir: str, resume_path: str | None, old_cfg: DictConfig | None) -> tuple[str, list]:
     """(why this launch would start a different run, the checkpoints to move aside), or ("", [])."""
-    newest, _ = store.latest_complete(run_dir)
+    tiers = tiers_of_config(cfg, run_dir)  # this launch's locations, not those of the config.yaml it replaces
+    newest, _ = store.latest_complete(tiers)
     if newest is None:
         return "", []
-    every = [i.path for i in store.list_checkpoints(run_dir)]
+    every = [i.path for i in store.list_checkpoints(tiers)]
     if resume_path is None:
         return (f"checkpoint.resume=none would start a new run in {run_dir}, which holds the run saved in "
                 f"{newest.path}"), every
-    inside = os.path.dirname(os.path.abspath(resume_path)) == store.checkpoints_dir(run_dir)
+    storage = storage_for(resume_path)
+    inside = storage.parent(resume_path) in {location for _, location in tiers.each()}
     if not inside:
         return (f"{resume_path} belongs to another run directory, and {run_dir} holds its own run (newest "
                 f"{newest.path})"), every
     step = (store.read_meta(resume_path) or {}).get("step", 0)
     # Partial saves (.tmp) newer than it are ignored as ever; only complete checkpoints would be superseded.
-    newer = [i.path for i in store.list_checkpoints(run_dir) if i.complete and i.step > step]
+    newer = [i.path for i in store.list_checkpoints(tiers) if i.complete and i.step > step]
     if newer:
         return (f"resuming from step {step} in {run_dir}, which holds newer checkpoints "
-                f"({', '.join(os.path.basename(p) for p in newer)})"), newer
+                f"({', '.join(storage_for(p).basename(p) for p in newer)})"), newer
     if old_cfg is not None and resume_path == newest.path:
         identity = shape_keys(cfg) + ("train.seed",)
         changed = [(k, a, b) for k, a, b in config_diff(old_cfg, cfg) if k in identity]
@@ -70,9 +74,12 @@ def refuse_or_move_aside(cfg: DictConfig, run_dir: str, why: str, checkpoints: l
         dest += "+"
     aside = RunPaths(dest)
     os.makedirs(aside.checkpoints)
-    for path in checkpoints:
-        os.rename(path, os.path.join(aside.checkpoints, os.path.basename(path)))
-    everything = not store.list_checkpoints(run_dir)
+    for path in checkpoints:  # one on an object store goes to previous/<time>/ beside its folder there
+        storage = storage_for(path)
+        into = aside.checkpoints if storage.renames else storage.join(storage.parent(path), PREVIOUS,
+                                                                       os.path.basename(dest))
+        storage.move(path, storage.join(into, storage.basename(path)))
+    everything = not store.list_checkpoints(tiers_of_config(cfg, run_dir))
     for name in RUN_FILES:
         src = os.path.join(run_dir, name)
         if not os.path.exists(src):

@@ -341,7 +341,7 @@ class Trainer:
         if self.cfg.checkpoint.at_end or self.step < t.max_steps:
             with self.beat.phase("checkpoint"):
                 self.save_checkpoint(asynchronous=False)
-        self.ckpt.wait()
+        self.ckpt.finish()
         self.events.record("end", self.step)
         self._close()
         this_launch = time.perf_counter() - state.segment_start

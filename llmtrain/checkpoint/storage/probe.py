@@ -1,0 +1,91 @@
+"""Before a launch starts anything: can checkpoints be written where they go? One small object written, read back
+and removed, so an unreachable endpoint, a missing bucket or a denied write is one line naming the location, not a
+failed save an hour in."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+
+from llmtrain.checkpoint.storage import is_uri, storage_for
+
+PROBE_PREFIX = ".llmtrain-probe-"
+CONNECT_TIMEOUT_S = 10
+
+
+def install_problem(location: str) -> str | None:
+    """Why the client of `location`'s store is not installed here, or None (no network)."""
+    if not is_uri(location):
+        return None
+    import fsspec
+
+    protocol = location.split("://", 1)[0]
+    try:
+        fsspec.get_filesystem_class(protocol)
+    except ImportError:
+        extra = "s3" if protocol in ("s3", "s3a") else None
+        how = f"pip install 'llmtrain[{extra}]'" if extra else f"install fsspec's {protocol}:// filesystem package"
+        return f"the {protocol}:// client is not installed: {how}"
+    except ValueError:
+        return f"unknown storage scheme {protocol}:// (fsspec knows none by that name)"
+    return None
+
+
+def _probe_filesystem(location: str):
+    """The store's filesystem for the probe: one quick try, no minutes of retries against a dead endpoint."""
+    from llmtrain.checkpoint.storage.object_store import filesystem
+
+    protocol = location.split("://", 1)[0]
+    if protocol in ("s3", "s3a"):
+        return filesystem(location, config_kwargs={"connect_timeout": CONNECT_TIMEOUT_S,
+                                                              "read_timeout": 30,
+                                                              "retries": {"max_attempts": 1}})
+    return filesystem(location)
+
+
+def why_unwritable(location: str) -> str | None:
+    """Why checkpoints cannot be written at `location`, in words that name it; None when the probe went through."""
+    problem = install_problem(location)
+    if problem:
+        return problem
+    name = f"{PROBE_PREFIX}{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    if not is_uri(location):
+        storage = storage_for(location)
+        try:
+            storage.makedirs(location)
+            storage.write_bytes(storage.join(location, name), b"llmtrain")
+            storage.remove(storage.join(location, name))
+        except OSError as e:
+            return f"cannot write to {location}: {e.strerror or e}"
+        return None
+    fs = _probe_filesystem(location)
+    key = fs._strip_protocol(location).rstrip("/") + "/" + name
+    try:
+        fs.pipe_file(key, b"llmtrain")
+        if fs.cat_file(key) != b"llmtrain":
+            return f"{location}: the probe object read back differs from what was written"
+        fs.rm_file(key)
+    except Exception as e:  # noqa: BLE001 - every client failure becomes one line
+        return f"{location}: {describe(e)}"
+    return None
+
+
+def describe(e: BaseException) -> str:
+    """A store client's failure in one line: what it means, then the client's words."""
+    text = " ".join(str(e).split())[:300]
+    kind = type(e).__name__
+    every = f"{kind} {text}".lower()
+    if isinstance(e, PermissionError) or "accessdenied" in every or "forbidden" in every or "403" in every:
+        return f"write denied (check the credentials and the bucket's policy): {text or kind}"
+    if "nosuchbucket" in every or "bucket does not exist" in every or "specified bucket does not exist" in every:
+        return f"no such bucket: {text or kind}"
+    if ("connect" in every or "endpoint" in every or "timeout" in every or "timed out" in every
+            or isinstance(e, (ConnectionError, TimeoutError, socket.gaierror))):
+        return (f"the store's endpoint cannot be reached (AWS_ENDPOINT_URL={os.environ.get('AWS_ENDPOINT_URL', 'unset')}"
+                f"): {text or kind}")
+    if isinstance(e, FileNotFoundError):
+        return f"no such bucket or prefix: {text or kind}"
+    if "slowdown" in every or "throttl" in every or "503" in every:
+        return f"the store throttles requests (retry later): {text or kind}"
+    return f"{kind}: {text}"
