@@ -58,6 +58,42 @@ def _data_cache(tmp_path_factory):
     yield cache
 
 
+@pytest.fixture(scope="session")
+def s3_server():
+    """An S3-compatible server on loopback (tests/helpers/s3_server.py); skipped, with the reason, without moto."""
+    pytest.importorskip("moto.server", reason="moto[server] is not installed (pip install -e '.[test]')")
+    pytest.importorskip("s3fs", reason="s3fs is not installed (pip install -e '.[test]')")
+    from helpers import s3_server as s3
+
+    server = s3.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3(s3_server, monkeypatch):
+    """s3_server with this process's environment pointed at it (also what forked ranks inherit)."""
+    for key, value in s3_server.env.items():
+        monkeypatch.setenv(key, value)
+    return s3_server
+
+
+@pytest.fixture
+def s3_faulty(s3_server, monkeypatch):
+    """A fault-injecting proxy (tests/helpers/s3_faults.py) in front of s3_server, this process's environment
+    pointed at it with the client's own retries cut short (s3_server.QUICK_RETRIES)."""
+    from helpers import s3_server as s3
+    from helpers.s3_faults import FaultProxy
+
+    proxy = FaultProxy(s3_server.endpoint).start()
+    for key, value in {**s3_server.env, **s3.QUICK_RETRIES, "AWS_ENDPOINT_URL": proxy.endpoint}.items():
+        monkeypatch.setenv(key, value)
+    s3.fresh_clients()
+    yield proxy
+    proxy.stop()
+    s3.fresh_clients()
+
+
 def run_cli(args: list[str], cwd: Path | str | None = None, timeout: float = 600, env: dict | None = None):
     full_env = dict(os.environ, **(env or {}))
     return subprocess.run([sys.executable, "-m", "llmtrain", *args], cwd=cwd, capture_output=True, text=True,

@@ -94,6 +94,15 @@ def _every_shard_seen(path: str) -> None:
                                     "every rank sees (node-local disks work for one-node runs)")
 
 
+# Pauses before the tries after a failed save to an object store (throttling, a connection cut off).
+STORE_BACKOFF_S = (2, 8, 30)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0][:300]}" if text else type(e).__name__
+
+
 class CheckpointManager:
     def __init__(self, cfg: DictConfig, run_dir: str, log, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  state: TrainingState):
@@ -108,6 +117,7 @@ class CheckpointManager:
         # Saves go to the fast tier when there is one, every upload_every-th of them up to checkpoint.dir.
         self.save_tier = LOCAL if self.tiers.local else STORE
         self.saves = 0
+        self.newest_local: tuple[str, int] | None = None  # the fast tier's newest save, for finish()
         self.log = log
         self.rank = dist.get_rank()
         # Saves (async ones finish in a background thread) get their own gloo group, so their collectives never
@@ -167,20 +177,59 @@ class CheckpointManager:
         state = self.state_dict()
         elapsed = self.state.elapsed_s()
         t0 = time.perf_counter()
-        # A filesystem's writer is torch's own (its manifest is read back); an object store's counts the bytes.
-        self.writer = writer = storage.dcp_writer(tmp) if not storage.renames else None
-        where = {"storage_writer": writer} if writer else {"checkpoint_id": tmp}
         with self._one_line_if_disk_full(tmp, step, state):
             if asynchronous:
                 # The copy of the state to host memory runs in the background too: training goes on at once and
                 # waits for the copy only before the optimizer changes the weights (wait_for_staging).
-                response = dcp.async_save(state, **where, process_group=self.group, async_stager=self._stager())
+                response = dcp.async_save(state, **self._target(tmp), process_group=self.group,
+                                          async_stager=self._stager())
                 self.staging = response.staging_completion
                 self.pending = (response.upload_completion, tmp, step, elapsed, t0, state)
                 self.log(f"llmtrain: checkpoint step {step}: saving in the background", flush=True)
-            else:
-                dcp.save(state, **where, process_group=self.group)
+            elif self._save_with_retries(state, tmp, step):
                 self._finalize(tmp, step, elapsed, t0, state)
+
+    def _target(self, tmp: str) -> dict:
+        """Where DCP writes: a filesystem through torch's own writer (the manifest is read back), an object store
+        through one that counts each file's bytes and CRC32 as they go out."""
+        storage = storage_for(tmp)
+        self.writer = None if storage.renames else storage.dcp_writer(tmp)
+        return {"checkpoint_id": tmp} if self.writer is None else {"storage_writer": self.writer}
+
+    def _save_with_retries(self, state: dict, tmp: str, step: int) -> bool:
+        """A save to an object store that fails (throttled, cut off, the endpoint gone a while) is tried again
+        after a pause; when every try failed, training goes on from the previous checkpoint, said in a warning,
+        except at the last step, whose save must land. DCP gathers every rank's failure, so all ranks agree on
+        each try. Returns whether the save was written."""
+        tries = 1 if storage_for(tmp).renames else len(STORE_BACKOFF_S) + 1
+        for attempt in range(1, tries + 1):
+            try:
+                dcp.save(state, **self._target(tmp), process_group=self.group)
+                return True
+            except Exception as e:
+                if tries == 1 or _disk_full(e):
+                    raise
+                self._store_failed(tmp, step, e, attempt, tries)
+        return False
+
+    def _store_failed(self, tmp: str, step: int, e: BaseException, attempt: int, tries: int) -> None:
+        reason = _first_line(e)
+        if self.rank == 0:
+            storage_for(tmp).remove(tmp)  # no half of it stays; without meta.json it would never be resumed anyway
+        last = attempt >= tries
+        if last and self.state.step >= self.cfg.train.max_steps:
+            raise store.CheckpointError(tmp, f"the last step's checkpoint could not be written after {tries} tries "
+                                             f"({reason})") from e
+        if self.rank == 0:
+            good = self.saved[0] if self.saved else "none yet"
+            self.log(f"llmtrain: warning: checkpoint step {step} to {self.tiers.store} failed ({reason}); "
+                     + ("training goes on, the next save tries again; the last good checkpoint: " + good if last
+                        else f"retrying in {STORE_BACKOFF_S[attempt - 1]} s"), flush=True)
+        if not last:
+            time.sleep(STORE_BACKOFF_S[attempt - 1])
+            if self.rank == 0:
+                storage_for(tmp).makedirs(tmp)
+            dist.barrier(group=self.group)
 
     def _stager(self):
         """One stager for the run: it keeps its host buffers, so later saves do not allocate them again."""
@@ -230,7 +279,14 @@ class CheckpointManager:
         future, tmp, step, elapsed, t0, state = self.pending
         self.pending = None
         with self._one_line_if_disk_full(tmp, step, state):
-            future.result()  # re-raises a failed write
+            try:
+                future.result()  # re-raises a failed write
+            except Exception as e:
+                if storage_for(tmp).renames or _disk_full(e):
+                    raise
+                # Training has moved on since: this state cannot be written again, the next save is the retry.
+                self._store_failed(tmp, step, e, 1, 1)
+                return
             self._finalize(tmp, step, elapsed, t0, state)
 
     def _finalize(self, tmp: str, step: int, elapsed: float, t0: float, state: dict) -> None:
@@ -278,16 +334,24 @@ class CheckpointManager:
         if self.uploader is None:
             return ""
         self.saves += 1
+        self.newest_local = (final, step)
         if self.saves % self.cfg.checkpoint.upload_every and step < self.cfg.train.max_steps:
             return ""
         self.uploader.submit(final, step)
         return f"; uploading to {self.tiers.store} in the background"
 
     def finish(self) -> None:
-        """At the end of the run: the save in flight, then the uploads waiting."""
+        """When the run ends or is preempted: the save in flight, then the uploads; the newest local save goes up
+        too, whatever upload_every says (another node's start reads only the store)."""
         self.wait()
-        if self.uploader is not None:
-            self.uploader.finish()
+        if self.uploader is None:
+            return
+        newest = self.newest_local
+        if newest and newest[1] not in self.uploader.submitted:
+            self.log(f"llmtrain: checkpoint step {newest[1]}: uploading to {self.tiers.store} before exiting",
+                     flush=True)
+            self.uploader.submit(*newest)
+        self.uploader.finish()
 
     # ---- load ------------------------------------------------------------------------------------------------
     def load(self, path: str, prefix: str = "") -> None:

@@ -28,6 +28,7 @@ class Uploader:
         self.waiting: tuple[str, int] | None = None  # (local folder, step) not started yet
         self.current: tuple[str, int] | None = None
         self.uploaded: list[int] = []
+        self.submitted: set[int] = set()
         self.failed_tries = 0
         self.finishing = False
         self.cond = threading.Condition()
@@ -40,6 +41,7 @@ class Uploader:
                 self.log(f"llmtrain: checkpoint step {self.waiting[1]}: upload skipped, step {step} replaces it",
                          flush=True)
             self.waiting = (local, step)
+            self.submitted.add(step)
             self.cond.notify()
 
     def held(self) -> tuple[str, ...]:

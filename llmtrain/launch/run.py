@@ -162,6 +162,7 @@ def check_resume(cfg: DictConfig, console: Console, origins: dict[str, str] | No
 
     run_dir = os.path.abspath(cfg.run.dir)
     tiers = tiers_of_config(cfg, run_dir)  # this launch's, not those of the config.yaml it replaces
+    run_identity.moved_location(cfg, run_dir, cfg.checkpoint.resume)
     resolution = resolve_resume(tiers, cfg.checkpoint.resume)
     path, old = resolution.checkpoint, None
     if path is not None:

@@ -16,7 +16,7 @@ import time
 from omegaconf import DictConfig
 
 from llmtrain.checkpoint import store
-from llmtrain.checkpoint.location import tiers_of_config
+from llmtrain.checkpoint.location import tiers_of, tiers_of_config
 from llmtrain.checkpoint.storage import storage_for
 from llmtrain.checkpoint.diff import config_diff, shape_keys
 from llmtrain.config.errors import ConfigError
@@ -56,6 +56,20 @@ def conflict(cfg: DictConfig, run_dir: str, resume_path: str | None, old_cfg: Di
         if what:
             return f"{what} would start a new run in {run_dir}, which holds the run saved in {newest.path}", every
     return "", []
+
+
+def moved_location(cfg: DictConfig, run_dir: str, resume_value: str) -> None:
+    """checkpoint.dir changed for a run whose checkpoints are at the old location, and auto would find none at the
+    new one: starting afresh there would silently drop the run. Refused, naming both locations."""
+    before, now = tiers_of(run_dir), tiers_of_config(cfg, run_dir)
+    if resume_value != "auto" or before.store == now.store or store.latest_complete(now)[0] is not None:
+        return
+    newest, _ = store.latest_complete(before)
+    if newest is not None:
+        raise ConfigError("checkpoint.dir", f"{now.store} holds no checkpoint of this run, whose newest is "
+                                            f"{newest.path} (checkpoint.dir was {before.store}); copy the "
+                                            "checkpoints there, resume from one with checkpoint.resume=PATH, or "
+                                            "start afresh with run.overwrite=true checkpoint.resume=none")
 
 
 def data_key(cfg: DictConfig) -> str:

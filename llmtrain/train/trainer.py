@@ -389,6 +389,7 @@ class Trainer:
         if preempted:
             self.log(f"llmtrain: preemption signal received at step {self.step}", flush=True)
             saved = self.save_checkpoint(asynchronous=False)
+            self.ckpt.finish()  # a fast tier's copy goes up to the store within the grace period
             self.metrics.close(status="preempted")
             raise Preempted(self.step, saved)
 
