@@ -7,8 +7,6 @@ import shutil
 from collections.abc import Iterator
 from typing import IO
 
-from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
-
 from llmtrain.checkpoint.storage.base import CheckpointStorage
 from llmtrain.rundir.atomic import atomic_write_bytes, publish_dir
 
@@ -80,9 +78,13 @@ class LocalStorage(CheckpointStorage):
         shutil.copyfile(local_path, path)
 
     def dcp_writer(self, path: str):
+        from torch.distributed.checkpoint import FileSystemWriter  # torch only where a checkpoint is read or written
+
         return FileSystemWriter(path)
 
     def dcp_reader(self, path: str):
+        from torch.distributed.checkpoint import FileSystemReader
+
         return FileSystemReader(path)
 
     def free_bytes(self, path: str) -> int | None:
