@@ -130,6 +130,7 @@ class CheckpointManager:
         # What this launch trains on (rank 0 writes meta.json), recorded in every checkpoint for the next launch.
         self.data = data_identity(cfg.data) if self.rank == 0 and cfg.get("data") is not None else None
         self.uploader = None
+        self.writer = None  # an object store's counting writer of the save in flight
         if self.rank == 0:
             self._remove_partials()
             if self.tiers.local:
@@ -321,7 +322,7 @@ class CheckpointManager:
     def _written_by_every_rank(self) -> dict | None:
         """What every rank's writer counted (an object store's save), gathered on rank 0; None on a filesystem,
         where rank 0 reads the files back. Also the barrier after which every rank's part is written."""
-        mine = self.writer.written if getattr(self, "writer", None) is not None else None
+        mine = self.writer.written if self.writer is not None else None
         if mine is None:
             dist.barrier(group=self.group)
             return None

@@ -61,10 +61,11 @@ class S3Server:
         self.server.stop()
 
 
-def start() -> S3Server:
+def start(address: str = "127.0.0.1") -> S3Server:
+    """A server on `address` (loopback; the test cluster's bridge address for its nodes to reach it)."""
     from moto.server import ThreadedMotoServer
 
     port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server = ThreadedMotoServer(ip_address=address, port=port, verbose=False)
     server.start()
-    return S3Server(f"http://127.0.0.1:{port}", server)
+    return S3Server(f"http://{address}:{port}", server)

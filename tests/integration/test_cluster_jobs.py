@@ -20,6 +20,7 @@ from helpers.inprocess_run import train_in_process
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 # One process per node (the hostfile's slots=1 gives it for ssh); DP2 across the two nodes.
+HEAD_ADDRESS = "10.200.0.1"  # the head node on the cluster's bridge (scripts/testcluster.sh)
 TWO_NODES = SMALL + ["train.global_batch_size=8", "train.micro_batch_size=2", "cluster.nnodes=2"]
 SLURM = ["cluster=slurm", "cluster.nproc_per_node=1", "cluster.gpus_per_node=0", "cluster.time=null"]
 LIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED")
@@ -167,10 +168,22 @@ def test_setup_lines_reach_every_slurm_node(cluster, tmp_path):
     assert sorted(train_losses(run_dir)) == [1, 2, 3, 4]
 
 
-def test_time_limit_requeues_the_job_until_max_steps(cluster, tmp_path):
+@pytest.fixture
+def bridge_s3():
+    """An S3 server on the head node's bridge address, which both nodes reach (tests/helpers/s3_server.py)."""
+    pytest.importorskip("moto.server", reason="moto[server] is not installed (pip install -e '.[test]')")
+    from helpers import s3_server
+
+    server = s3_server.start(address=HEAD_ADDRESS)
+    yield server
+    server.stop()
+
+
+def test_time_limit_requeues_the_job_until_max_steps(cluster, tmp_path, bridge_s3):
     """A one-minute time limit with the notice 30 s before it: the workers checkpoint on the notice, the job
     requeues itself and resumes, the follower follows across the requeue, and the run reaches train.max_steps with
-    the losses of an uninterrupted run."""
+    the losses of an uninterrupted run. The checkpoints go to an S3 store (checkpoint.dir) that both nodes write
+    to and the requeued start resumes from."""
     # Only the first start sleeps 2 s a step (a set-up line exports the slowdown while SLURM_RESTART_COUNT is unset
     # or 0): the notice, 30 s after the job starts, comes long before its step 30 whatever the load, and the
     # requeued start, unslowed, finishes well inside its own 30 s.
@@ -180,12 +193,18 @@ def test_time_limit_requeues_the_job_until_max_steps(cluster, tmp_path):
             "cluster.nproc_per_node=1", "cluster.gpus_per_node=0", "cluster.time=00:01:00",
             "cluster.signal_before_end_s=30", "cluster.follow=true", f"cluster.setup=['{first_start_slow}']"]
     run_dir = tmp_path / "run"
+    store = f"s3://{bridge_s3.bucket()}/run"
     # When the notice comes varies: allow for more attempts than the two it needs.
-    result = run_cli(["launch", f"run.dir={run_dir}", *args], env=cluster.env, timeout=1500)
+    result = run_cli(["launch", f"run.dir={run_dir}", *args, f"checkpoint.dir={store}"],
+                     env={**cluster.env, **bridge_s3.env}, timeout=1500)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert re.search(r"job \d+ requeued \(restart 1\); still following", result.stdout), result.stdout[-3000:]
     job_log = "".join(p.read_text() for p in (run_dir / "logs").glob("slurm-*.out"))
     assert "the time limit is near: checkpoint at step" in job_log, job_log[-3000:]
+    rank0 = (run_dir / "logs" / "rank0.log").read_text()
+    assert re.search(rf"requeued job \(restart 1\): resumed from {store}/step-\d{{7}} at step", rank0), rank0[-3000:]
+    assert f"saved checkpoint step {steps} -> {store}/step-{steps:07d}" in rank0
+    assert not (run_dir / "checkpoints").exists()
     reference = tmp_path / "reference"
     train_in_process(reference, *SMALL, "train.global_batch_size=8", "train.micro_batch_size=2",
                      "train.log_interval=5", f"train.max_steps={steps}")
