@@ -87,6 +87,11 @@ def storage_reason(err: BaseException) -> str | None:
     return None
 
 
+class ObjectStoreError(KeyedError):
+    """An object store that did not answer as asked (unreachable, denied, throttled past the client's retries):
+    `llmtrain: error: s3://bucket/prefix: write denied (...)`."""
+
+
 class StorageError(LlmtrainError, OSError):
     """A file that could not be written because the storage is full, over quota or read-only: `no space left on
     device writing PATH`. Still an OSError with the errno, so code that handles a full disk by its errno works."""

@@ -15,6 +15,7 @@ import os
 import shlex
 
 from llmtrain.checkpoint import store
+from llmtrain.errors import ObjectStoreError
 from llmtrain.errors import EXIT_FAILED, EXIT_HANGUP, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED
 from llmtrain.jobs import named_run_dir
 from llmtrain.rundir.job_record import read_launches
@@ -62,7 +63,10 @@ def facts(run_dir: str, cfg, job: JobState | None = None) -> dict:
     job = job or job_state(run_dir)
     launch = job.launch
     row = last_train_row(run_dir)
-    latest, _ = store.latest_complete(run_dir)
+    try:
+        latest, unreadable = store.latest_complete(run_dir)[0], None
+    except ObjectStoreError as e:  # the rest of the status still helps while the store does not answer
+        latest, unreadable = None, f"unknown: {e}"
     ledger = read_ledger(run_dir)
     nodes = job.slurm.nodes if job.slurm and job.slurm.nodes else launch.get("hosts")
     launcher = launch.get("launcher") or ({"host": job.holder.get("host"), "pid": job.holder.get("pid")}
@@ -75,6 +79,7 @@ def facts(run_dir: str, cfg, job: JobState | None = None) -> dict:
         # The step reached: a preemption can save a step that the metrics rows (every log_interval) skipped.
         "step": max(row.get("step", 0), latest.step if latest else 0), "max_steps": cfg.train.max_steps,
         "checkpoint": {"step": latest.step, "path": latest.path} if latest else None,
+        "checkpoint_unreadable": unreadable,
         "metrics_step": row.get("step"), "loss": row.get("loss"), "tokens_per_s": row.get("tokens_per_s"),
         "mfu": shown_mfu(row), "mfu_note": _mfu_note(row, cfg), "elapsed_s": row.get("elapsed_s"),
         "launches": read_launches(run_dir),
@@ -179,7 +184,8 @@ def _launch_line(entry: dict) -> str:
 
 def lines(f: dict) -> list[str]:
     """The human-readable status: one fact per line."""
-    checkpoint = f"step {f['checkpoint']['step']} in {f['checkpoint']['path']}" if f["checkpoint"] else "none"
+    checkpoint = f"step {f['checkpoint']['step']} in {f['checkpoint']['path']}" if f["checkpoint"] else \
+        f.get("checkpoint_unreadable") or "none"
     nodes = ", ".join(f["nodes"]) if f["nodes"] else ("not assigned yet" if f["state"] == PENDING else "-")
     out = [("run", f"{f['run_dir']} ({f['run_name']})"), ("state", f"{f['state']}: {f['reason']}"),
            ("job", _job_line(f)), ("nodes", nodes), ("step", f"{f['step']} / {f['max_steps']}"),

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from typing import IO
 
 from llmtrain.checkpoint.storage.base import CheckpointStorage
+from llmtrain.checkpoint.storage.failures import answered
 
 
 def filesystem(uri: str, **options):
@@ -42,7 +43,8 @@ class ObjectStorage(CheckpointStorage):
 
     def _entries(self, path: str) -> list[dict]:
         try:
-            return self.fs.ls(self._key(path), detail=True)
+            with answered(path):
+                return self.fs.ls(self._key(path), detail=True)
         except FileNotFoundError:
             return []
 
@@ -53,16 +55,24 @@ class ObjectStorage(CheckpointStorage):
         return {e["name"].rsplit("/", 1)[-1]: int(e["size"]) for e in self._entries(path) if e["type"] == "file"}
 
     def isdir(self, path: str) -> bool:
-        return self.fs.isdir(self._key(path))
+        with answered(path):
+            return self.fs.isdir(self._key(path))
 
     def isfile(self, path: str) -> bool:
-        return self.fs.isfile(self._key(path))
+        with answered(path):
+            return self.fs.isfile(self._key(path))
 
     def open(self, path: str, mode: str = "rb") -> IO:
-        return self.fs.open(self._key(path), mode)
+        with answered(path):
+            return self.fs.open(self._key(path), mode)
+
+    def read_bytes(self, path: str) -> bytes:
+        with answered(path):
+            return self.fs.cat_file(self._key(path))
 
     def write_bytes(self, path: str, data: bytes) -> None:
-        self.fs.pipe_file(self._key(path), data)  # one PUT: there or not
+        with answered(path):
+            self.fs.pipe_file(self._key(path), data)  # one PUT: there or not
 
     def makedirs(self, path: str) -> None:
         """Folders are key prefixes: nothing to make."""
@@ -70,7 +80,8 @@ class ObjectStorage(CheckpointStorage):
     def remove(self, path: str) -> None:
         key = self._key(path)
         try:
-            self.fs.rm(key, recursive=True)
+            with answered(path):
+                self.fs.rm(key, recursive=True)
         except FileNotFoundError:
             pass
 
@@ -80,7 +91,8 @@ class ObjectStorage(CheckpointStorage):
     def walk_files(self, path: str) -> Iterator[tuple[str, int]]:
         root = self._key(path).rstrip("/") + "/"
         try:
-            found = self.fs.find(root, detail=True)
+            with answered(path):
+                found = self.fs.find(root, detail=True)
         except FileNotFoundError:
             return
         for key, info in sorted(found.items()):
@@ -89,11 +101,13 @@ class ObjectStorage(CheckpointStorage):
 
     def move(self, path: str, new_path: str) -> None:
         """A copy inside the store, then the original removed: an object store renames nothing."""
-        self.fs.copy(self._key(path).rstrip("/") + "/", self._key(new_path).rstrip("/") + "/", recursive=True)
+        with answered(path):
+            self.fs.copy(self._key(path).rstrip("/") + "/", self._key(new_path).rstrip("/") + "/", recursive=True)
         self.remove(path)
 
     def put_file(self, local_path: str, path: str) -> None:
-        self.fs.put_file(local_path, self._key(path))
+        with answered(path):
+            self.fs.put_file(local_path, self._key(path))
 
     def dcp_writer(self, path: str):
         from llmtrain.checkpoint.storage.dcp_io import CountingFsspecWriter

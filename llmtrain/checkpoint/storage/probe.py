@@ -9,6 +9,7 @@ import socket
 import uuid
 
 from llmtrain.checkpoint.storage import is_uri, storage_for
+from llmtrain.checkpoint.storage.failures import describe
 
 PROBE_PREFIX = ".llmtrain-probe-"
 CONNECT_TIMEOUT_S = 10
@@ -69,23 +70,3 @@ def why_unwritable(location: str) -> str | None:
     except Exception as e:  # noqa: BLE001 - every client failure becomes one line
         return f"{location}: {describe(e)}"
     return None
-
-
-def describe(e: BaseException) -> str:
-    """A store client's failure in one line: what it means, then the client's words."""
-    text = " ".join(str(e).split())[:300]
-    kind = type(e).__name__
-    every = f"{kind} {text}".lower()
-    if isinstance(e, PermissionError) or "accessdenied" in every or "forbidden" in every or "403" in every:
-        return f"write denied (check the credentials and the bucket's policy): {text or kind}"
-    if "nosuchbucket" in every or "bucket does not exist" in every or "specified bucket does not exist" in every:
-        return f"no such bucket: {text or kind}"
-    if ("connect" in every or "endpoint" in every or "timeout" in every or "timed out" in every
-            or isinstance(e, (ConnectionError, TimeoutError, socket.gaierror))):
-        return (f"the store's endpoint cannot be reached (AWS_ENDPOINT_URL={os.environ.get('AWS_ENDPOINT_URL', 'unset')}"
-                f"): {text or kind}")
-    if isinstance(e, FileNotFoundError):
-        return f"no such bucket or prefix: {text or kind}"
-    if "slowdown" in every or "throttl" in every or "503" in every:
-        return f"the store throttles requests (retry later): {text or kind}"
-    return f"{kind}: {text}"
