@@ -23,7 +23,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.tensor import DTensor
 
 from llmtrain.checkpoint import store
-from llmtrain.checkpoint.location import LOCAL, STORE, tiers_of_config
+from llmtrain.checkpoint.location import LOCAL, STORE, Tiers, tiers_of_config
 from llmtrain.checkpoint.storage import storage_for
 from llmtrain.checkpoint.state import ModelState, OptimizerState
 from llmtrain.checkpoint.training_state import TrainingState
@@ -81,19 +81,6 @@ def _disk_full(e: BaseException | None) -> bool:
     return False
 
 
-def _every_shard_seen(path: str) -> None:
-    """The fast tier must be one folder for every rank: rank 0 uploads all of it. Shards written on another node's
-    disk would be missing from the upload, so they are an error here, at the first save, not at a resume."""
-    from torch.distributed.checkpoint import FileSystemReader
-
-    referenced = {info.relative_path for info in FileSystemReader(path).read_metadata().storage_data.values()}
-    unseen = sorted(referenced - set(storage_for(path).sizes(path)))
-    if unseen:
-        raise store.CheckpointError("checkpoint.local_dir", f"{len(unseen)} shard file(s) other nodes wrote are not "
-                                    f"in {path} on rank 0's node (e.g. {unseen[0]}): the fast tier must be a folder "
-                                    "every rank sees (node-local disks work for one-node runs)")
-
-
 # Pauses before the tries after a failed save to an object store (throttling, a connection cut off).
 STORE_BACKOFF_S = (2, 8, 30)
 
@@ -116,8 +103,6 @@ class CheckpointManager:
         self.tiers = tiers_of_config(cfg, run_dir)
         # Saves go to the fast tier when there is one, every upload_every-th of them up to checkpoint.dir.
         self.save_tier = LOCAL if self.tiers.local else STORE
-        self.saves = 0
-        self.newest_local: tuple[str, int] | None = None  # the fast tier's newest save, for finish()
         self.log = log
         self.rank = dist.get_rank()
         # Saves (async ones finish in a background thread) get their own gloo group, so their collectives never
@@ -129,19 +114,20 @@ class CheckpointManager:
         self.saved: tuple[str, int] | None = None  # (path, step) of the newest checkpoint loaded or saved
         # What this launch trains on (rank 0 writes meta.json), recorded in every checkpoint for the next launch.
         self.data = data_identity(cfg.data) if self.rank == 0 and cfg.get("data") is not None else None
-        self.uploader = None
-        self.writer = None  # an object store's counting writer of the save in flight
+        self.writer = None  # the counting writer of the save in flight (an object store's, the fast tier's)
         if self.rank == 0:
             self._remove_partials()
-            if self.tiers.local:
-                from llmtrain.checkpoint.upload import Uploader
+        self.fast = None
+        if self.tiers.local:
+            from llmtrain.checkpoint.fast_tier import FastTier
 
-                self.uploader = Uploader(self.tiers.store, cfg.checkpoint.keep, log)
+            self.fast = FastTier(self.tiers, cfg.checkpoint.keep, cfg.checkpoint.upload_every, cfg.train.max_steps,
+                                 self.group, log)
 
     def _remove_partials(self) -> None:
         """A launch starts with no save or upload in flight, so every partial folder is the leftover of a killed
         one."""
-        removed = store.remove_partials(self.tiers)
+        removed = store.remove_partials(Tiers(self.tiers.store))  # the fast tier's: each node its own
         if removed:
             self.log(f"llmtrain: removed {len(removed)} partial checkpoint folder(s) left by saves that did not "
                      f"finish: {', '.join(os.path.basename(p) for p in removed)}", flush=True)
@@ -191,10 +177,14 @@ class CheckpointManager:
                 self._finalize(tmp, step, elapsed, t0, state)
 
     def _target(self, tmp: str) -> dict:
-        """Where DCP writes: a filesystem through torch's own writer (the manifest is read back), an object store
-        through one that counts each file's bytes and CRC32 as they go out."""
+        """Where DCP writes: a filesystem through torch's own writer (the manifest is read back); an object store,
+        and the fast tier (whose other nodes' shards rank 0 may not see), through one that counts each file's bytes
+        and CRC32 as they go out."""
         storage = storage_for(tmp)
-        self.writer = None if storage.renames else storage.dcp_writer(tmp)
+        if self.fast is not None:
+            self.writer = self.fast.writer(tmp)
+        else:
+            self.writer = None if storage.renames else storage.dcp_writer(tmp)
         return {"checkpoint_id": tmp} if self.writer is None else {"storage_writer": self.writer}
 
     def _save_with_retries(self, state: dict, tmp: str, step: int) -> bool:
@@ -291,36 +281,45 @@ class CheckpointManager:
             self._finalize(tmp, step, elapsed, t0, state)
 
     def _finalize(self, tmp: str, step: int, elapsed: float, t0: float, state: dict) -> None:
-        # Complete only when every rank has written its part: then rank 0 seals the folder.
+        # Complete only when every rank has written its part: then rank 0 seals the folder (with a fast tier on
+        # each node's own disk, every node its own).
         written = self._written_by_every_rank()
+        meta = final = None
         if self.rank == 0:
             storage = storage_for(tmp)
             storage.write_bytes(storage.join(tmp, "config.yaml"), to_yaml(self.cfg).encode())
-            if self.save_tier == LOCAL:
-                _every_shard_seen(tmp)
-            mixture = state["extra"].get("mixture")
-            skipped = state["extra"].get("skipped")  # loss-spike rollbacks: a load asks for them by this key
-            final = store.finalize(tmp, {**({"mixture": json.loads(mixture)} if mixture else {}),
-                                         **({"skipped": json.loads(skipped)} if skipped else {}),
-                                         "step": step, "complete": True, "layout": layout_of(self.cfg),
-                                         "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                                         # training time of the whole run up to this step, over every launch
-                                         "elapsed_s": round(elapsed, 3),
-                                         # plain values: model.rope_scaling is a section of its own
-                                         "model": OmegaConf.to_container(self.cfg.model, resolve=True),
-                                         "data": self.data}, written)
+            meta = self._meta(step, elapsed, state)
+            if self.fast is None:
+                final = store.finalize(tmp, meta, written)
+        added = ""
+        if self.fast is not None:
+            final, added = self.fast.seal(tmp, meta, written)
+        if self.rank == 0:
             size = sum(v["bytes"] for v in store.read_meta(final)["files"].values())
-            upload = self._upload_after(final, step)
-            removed = store.prune(self.tiers, self.cfg.checkpoint.keep, protect=final, tier=self.save_tier,
-                                  hold=self.uploader.held() if self.uploader else ())
+            if self.fast is None:
+                removed = store.prune(self.tiers, self.cfg.checkpoint.keep, protect=final)
+                added = f"; removed {len(removed)} old" if removed else ""
             self.log(f"llmtrain: saved checkpoint step {step} -> {final} ({size / 2**20:.1f} MiB, "
-                     f"{time.perf_counter() - t0:.1f} s)" + (f"; removed {len(removed)} old" if removed else "")
-                     + upload, flush=True)
+                     f"{time.perf_counter() - t0:.1f} s){added}", flush=True)
         dist.barrier(group=self.group)
         self.saved = (tmp.removesuffix(".tmp"), step)
 
+    def _meta(self, step: int, elapsed: float, state: dict) -> dict:
+        """meta.json but its manifest."""
+        mixture = state["extra"].get("mixture")
+        skipped = state["extra"].get("skipped")  # loss-spike rollbacks: a load asks for them by this key
+        return {**({"mixture": json.loads(mixture)} if mixture else {}),
+                **({"skipped": json.loads(skipped)} if skipped else {}),
+                "step": step, "complete": True, "layout": layout_of(self.cfg),
+                "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                # training time of the whole run up to this step, over every launch
+                "elapsed_s": round(elapsed, 3),
+                # plain values: model.rope_scaling is a section of its own
+                "model": OmegaConf.to_container(self.cfg.model, resolve=True),
+                "data": self.data}
+
     def _written_by_every_rank(self) -> dict | None:
-        """What every rank's writer counted (an object store's save), gathered on rank 0; None on a filesystem,
+        """What every rank's writer counted (an object store's save, the fast tier's), gathered on rank 0; None
         where rank 0 reads the files back. Also the barrier after which every rank's part is written."""
         mine = self.writer.written if self.writer is not None else None
         if mine is None:
@@ -330,29 +329,11 @@ class CheckpointManager:
         dist.gather_object(mine, every, dst=0, group=self.group)
         return {name: entry for part in every for name, entry in part.items()} if self.rank == 0 else None
 
-    def _upload_after(self, final: str, step: int) -> str:
-        """Rank 0 with a fast tier: every upload_every-th save goes up to checkpoint.dir in the background."""
-        if self.uploader is None:
-            return ""
-        self.saves += 1
-        self.newest_local = (final, step)
-        if self.saves % self.cfg.checkpoint.upload_every and step < self.cfg.train.max_steps:
-            return ""
-        self.uploader.submit(final, step)
-        return f"; uploading to {self.tiers.store} in the background"
-
     def finish(self) -> None:
-        """When the run ends or is preempted: the save in flight, then the uploads; the newest local save goes up
-        too, whatever upload_every says (another node's start reads only the store)."""
+        """When the run ends or is preempted: the save in flight, then the fast tier's uploads."""
         self.wait()
-        if self.uploader is None:
-            return
-        newest = self.newest_local
-        if newest and newest[1] not in self.uploader.submitted:
-            self.log(f"llmtrain: checkpoint step {newest[1]}: uploading to {self.tiers.store} before exiting",
-                     flush=True)
-            self.uploader.submit(*newest)
-        self.uploader.finish()
+        if self.fast is not None:
+            self.fast.finish()
 
     # ---- load ------------------------------------------------------------------------------------------------
     def load(self, path: str, prefix: str = "") -> None:

@@ -46,6 +46,13 @@ class CheckpointInfo:
     meta: dict | None
     partial: bool = False  # a .tmp folder, or one without meta.json on an object store: its save did not finish
     tier: str = STORE  # STORE, or LOCAL: checkpoint.local_dir
+    # Every file of its manifest is here: a fast tier on each node's own disk holds only that node's shards, so
+    # its folders are sealed (meta.json) on every node yet whole on none; they are kept for their upload only.
+    whole: bool = True
+
+    @property
+    def resumable(self) -> bool:
+        return self.complete and self.whole
 
     @property
     def corrupt(self) -> bool:
@@ -77,7 +84,8 @@ def _list_at(location: str, tier: str) -> list[CheckpointInfo]:
         staged = match.group(2) is not None
         meta = None if staged else read_meta(path)
         partial = staged or (not storage.renames and meta is None)
-        infos.append(CheckpointInfo(path, int(match.group(1)), meta is not None, meta, partial, tier))
+        whole = tier != LOCAL or meta is None or set(meta.get("files", {})) <= set(storage.sizes(path))
+        infos.append(CheckpointInfo(path, int(match.group(1)), meta is not None, meta, partial, tier, whole))
     return infos
 
 
@@ -90,9 +98,10 @@ def read_meta(path: str) -> dict | None:
 
 
 def latest_complete(where) -> tuple[CheckpointInfo | None, list[CheckpointInfo]]:
-    """The newest complete checkpoint of any tier, and the partial ones newer than it (to report as ignored)."""
+    """The newest complete checkpoint of any tier that is whole here, and the partial ones newer than it (to report
+    as ignored)."""
     infos = list_checkpoints(where)
-    complete = [i for i in infos if i.complete]
+    complete = [i for i in infos if i.resumable]
     latest = complete[-1] if complete else None
     ignored = [i for i in infos if i.partial and (latest is None or i.step >= latest.step)]
     return latest, ignored
@@ -216,8 +225,14 @@ def finalize(staged: str, meta: dict, written: dict[str, dict] | None = None) ->
         files = {**dict(sorted(written.items())),
                  **{name: {"bytes": size, "crc32": file_crc32(storage.join(staged, name))}
                     for name, size in extra.items()}}  # config.yaml: small, read back
-    storage.write_bytes(storage.join(staged, META), json.dumps(dict(meta, files=files), indent=1).encode())
-    final = staged[: -len(".tmp")] if staged.endswith(".tmp") else staged
+    return seal(staged, dict(meta, files=files))
+
+
+def seal(staged: str, meta: dict) -> str:
+    """Write meta.json (`meta` has its manifest already) into the staged folder and publish it."""
+    storage = storage_for(staged)
+    storage.write_bytes(storage.join(staged, META), json.dumps(meta, indent=1).encode())
+    final = staged.removesuffix(".tmp")
     storage.publish(staged, final)
     return final
 

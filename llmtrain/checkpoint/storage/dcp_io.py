@@ -38,33 +38,51 @@ class CrcStream(io.RawIOBase):
     def flush(self) -> None:
         self.inner.flush()
 
+    def fileno(self) -> int:  # DCP fsyncs a local file through it
+        return self.inner.fileno()
+
     def close(self) -> None:  # the inner stream is closed by whoever opened it
         super().close()
 
 
+def count_writes(writer):
+    """`writer.written`: {file name: {"bytes", "crc32"}} of the files this rank wrote through `writer` (DCP's index
+    under its final name). Returns `writer`."""
+    writer.written = {}
+    opened = writer.fs.create_stream
+
+    @contextlib.contextmanager
+    def counted(path, mode):
+        with opened(path, mode) as stream:
+            if "w" not in mode:
+                yield stream
+                return
+            wrapper = CrcStream(stream)
+            yield wrapper
+            name = os.path.basename(os.fspath(path))
+            writer.written[".metadata" if name == METADATA_TMP else name] = {"bytes": wrapper.bytes,
+                                                                             "crc32": wrapper.crc}
+
+    writer.fs.create_stream = counted
+    return writer
+
+
 class CountingFsspecWriter(FsspecWriter):
-    """`written`: {file name: {"bytes", "crc32"}} of the files this rank wrote (DCP's index under its final name)."""
+    """torch's fsspec writer on `fs`, counting what it writes (count_writes)."""
 
     def __init__(self, path: str, fs):
         # fsync is meaningless on an object store, and DCP's fallback to os.sync() would flush local disks.
         super().__init__(path, sync_files=False)
         self.fs.fs = fs
-        self.written: dict[str, dict] = {}
-        opened = self.fs.create_stream
+        count_writes(self)
 
-        @contextlib.contextmanager
-        def counted(path, mode):
-            with opened(path, mode) as stream:
-                if "w" not in mode:
-                    yield stream
-                    return
-                wrapper = CrcStream(stream)
-                yield wrapper
-                name = os.path.basename(os.fspath(path))
-                name = ".metadata" if name == METADATA_TMP else name
-                self.written[name] = {"bytes": wrapper.bytes, "crc32": wrapper.crc}
 
-        self.fs.create_stream = counted
+def counting_local_writer(path: str):
+    """torch's filesystem writer, counting what this rank writes: a fast tier on each node's own disk cannot read
+    the other nodes' shards back for the manifest."""
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    return count_writes(FileSystemWriter(path))
 
 
 class StoreReader(FsspecReader):
