@@ -324,8 +324,8 @@ class CheckpointConfig:
     # Where checkpoints are kept: null = RUN_DIR/checkpoints; a path, or an object store's URI (s3://bucket/prefix/RUN,
     # through fsspec; credentials and endpoint from the store's own environment and config files, never from here).
     dir: Optional[str] = None
-    # A fast tier: save to this node-local or scratch folder (every rank must see it), and upload every
-    # upload_every-th of those saves to checkpoint.dir in the background; null = save to checkpoint.dir directly.
+    # A fast tier: save to this folder (each node's own disk, or a scratch filesystem every node sees), and upload
+    # every upload_every-th of those saves to checkpoint.dir in the background; null = save to checkpoint.dir directly.
     local_dir: Optional[str] = None
     upload_every: int = 1
 
