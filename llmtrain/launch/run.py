@@ -185,7 +185,9 @@ def check_resume(cfg: DictConfig, console: Console, origins: dict[str, str] | No
     probe = cfg.copy()
     probe.run.dir = run_dir
     diff = check_resumable(old, probe, path)
-    say(f"resuming from {path}" + (" with these changes:" if diff else " (same config)"), console=console)
+    fast = tiers.local is not None and os.path.dirname(path) == tiers.local
+    say(f"resuming from {path}" + (" (the fast tier, checkpoint.local_dir)" if fast else "")
+        + (" with these changes:" if diff else " (same config)"), console=console)
     for key, before, after in diff:
         plain(f"  {key}: {describe_change(key, before, after)}", console=console)
     data = data_changes((store.read_meta(path) or {}).get("data"), cfg.data)
