@@ -158,8 +158,11 @@ def build_parser() -> argparse.ArgumentParser:
     from llmtrain.checkpoint.list_cli import add_list_arguments
 
     add_list_arguments(ckpt_sub.add_parser(
-        "list", help="checkpoints of a run: step, complete or not, size, layout",
-        description="List a run's checkpoints: step, complete or not, size, and the layout they were saved with."))
+        "list", help="checkpoints of a run (a run directory, or a checkpoint location URI): step, complete or not, "
+                     "size, layout",
+        description="List a run's checkpoints: step, complete or not, size, and the layout they were saved with; "
+                    "with a fast tier, which tier holds each. RUN_DIR may be a checkpoint location on an object "
+                    "store (s3://bucket/prefix/RUN)."))
     add_export_arguments(ckpt_sub.add_parser(
         "export", help="consolidated weights as safetensors or a Hugging Face folder",
         description="Write a checkpoint's consolidated weights: --format safetensors (llmtrain names) or hf (a "

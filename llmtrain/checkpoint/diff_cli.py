@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 
 from llmtrain.errors import EXIT_FAILED, EXIT_OK
 
@@ -13,7 +12,8 @@ EXIT_SAME, EXIT_DIFFERENT = EXIT_OK, EXIT_FAILED
 def add_diff_arguments(parser: argparse.ArgumentParser) -> None:
     for name in ("a", "b"):
         parser.add_argument(name, metavar=name.upper(),
-                            help="a checkpoint folder, or a run directory: its newest complete checkpoint")
+                            help="a checkpoint folder, or a run directory: its newest complete checkpoint; either "
+                                 "may be an object-store URI (s3://bucket/prefix/RUN: a checkpoint location)")
     parser.add_argument("--atol", type=float, default=0.0,
                         help="largest absolute difference counted as equal (default 0: exact)")
     parser.add_argument("--model-only", action="store_true", help="compare the model only, not the optimizer state")
@@ -52,14 +52,14 @@ def report(result, atol: float) -> list[str]:
 
 def run_diff(args: argparse.Namespace) -> int:
     """0 when identical within --atol, 1 when they differ; bad input is a CheckpointUsageError (exit 2)."""
-    from llmtrain.checkpoint.store import CheckpointUsageError, checkpoint_or_newest
+    from llmtrain.checkpoint.store import CheckpointUsageError, checkpoint_or_newest, exists
 
     if not args.atol >= 0:
         raise CheckpointUsageError("--atol", f"must be a number >= 0, not {args.atol}")
     paths = []
     for given in (args.a, args.b):
         path, _ = checkpoint_or_newest(given)
-        if not os.path.isdir(path):
+        if not exists(path):
             raise CheckpointUsageError(given, "no such checkpoint folder or run directory")
         paths.append(path)
     from llmtrain.checkpoint.dcp_reader import CheckpointReader

@@ -11,13 +11,15 @@ FORMATS = ("safetensors", "hf")
 def add_export_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("ckpt", metavar="CKPT",
                         help="checkpoint folder (RUN_DIR/checkpoints/step-NNNNNNN: DCP files + config.yaml), or a "
-                             "run directory: its newest complete checkpoint")
+                             "run directory: its newest complete checkpoint; either may be an object-store URI "
+                             "(s3://bucket/prefix/RUN: a checkpoint location)")
     parser.add_argument("--format", required=True, choices=FORMATS, dest="format",
                         help="safetensors: model.safetensors with llmtrain names + config.yaml; "
                              "hf: a Hugging Face folder (config.json + model.safetensors) that transformers' "
                              "from_pretrained loads as the model family's class (config.json's architectures)")
     parser.add_argument("--out", required=True, metavar="DIR",
-                        help="folder to create (must not exist, or be empty)")
+                        help="folder to create (must not exist, or be empty), or an object-store URI: written "
+                             "locally, then uploaded, config.json (hf) or model.safetensors (safetensors) last")
 
 
 def run_export(args: argparse.Namespace) -> int:

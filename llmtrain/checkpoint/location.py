@@ -12,7 +12,9 @@ from omegaconf import DictConfig, OmegaConf
 from llmtrain.checkpoint.storage import is_uri, local_path
 from llmtrain.rundir.paths import CONFIG, RunPaths
 
-STORE, LOCAL = "store", "local"  # the tiers: where checkpoints are kept, and the fast copy beside the run
+# The tiers, as `ckpt list` names them: where checkpoints are kept, and the fast copy (checkpoint.local_dir).
+STORE = "store"
+LOCAL = "local"
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from llmtrain.checkpoint.dcp_reader import CheckpointReader, natural_key
+from llmtrain.checkpoint.dcp_reader import CheckpointReader, groups, natural_key
 from llmtrain.checkpoint.weight_map import clean_name
 
 MODEL, OPTIM = "model.", "optim."
@@ -52,13 +52,22 @@ def diff_checkpoints(a: CheckpointReader, b: CheckpointReader, atol: float = 0.0
     result = DiffResult(only_a=sorted(set(names_a) - set(names_b), key=natural_key),
                         only_b=sorted(set(names_b) - set(names_a), key=natural_key))
     stored_a, stored_b = a.metadata.state_dict_metadata, b.metadata.state_dict_metadata
-    for name in sorted(set(names_a) & set(names_b), key=natural_key):
-        shape_a, shape_b = tuple(stored_a[names_a[name]].size), tuple(stored_b[names_b[name]].size)
+    common = sorted(set(names_a) & set(names_b), key=natural_key)
+    shapes = {n: (tuple(stored_a[names_a[n]].size), tuple(stored_b[names_b[n]].size)) for n in common}
+    same = [n for n in common if shapes[n][0] == shapes[n][1]]
+    # One pair at a time; from an object store in groups (each load there costs round trips).
+    sizes = [max(a.nbytes(names_a[n]), b.nbytes(names_b[n])) for n in same]
+    pairs: dict[str, tuple] = {}
+    batches = groups(same, sizes, a.remote or b.remote)
+    for name in common:
+        shape_a, shape_b = shapes[name]
         result.compared += 1
         if shape_a != shape_b:
             result.differing.append(TensorDiff(name, float("nan"), 0, 0, (shape_a, shape_b)))
             continue
-        diff = compare(name, a.read(names_a[name]), b.read(names_b[name]), atol)
+        if name not in pairs:
+            pairs = _read_pairs(a, b, names_a, names_b, next(batches))
+        diff = compare(name, *pairs.pop(name), atol)
         if result.largest is None or diff.max_abs > result.largest.max_abs:
             result.largest = diff
         if names_a[name].startswith(MODEL) and (result.largest_model is None or
@@ -67,6 +76,13 @@ def diff_checkpoints(a: CheckpointReader, b: CheckpointReader, atol: float = 0.0
         if diff.differing:
             result.differing.append(diff)
     return result
+
+
+def _read_pairs(a: CheckpointReader, b: CheckpointReader, names_a: dict, names_b: dict,
+                names: list[str]) -> dict[str, tuple]:
+    """{name: (tensor in A, tensor in B)} of `names`, each side in one load."""
+    xs, ys = a.read_many([names_a[n] for n in names]), b.read_many([names_b[n] for n in names])
+    return {n: (xs[names_a[n]], ys[names_b[n]]) for n in names}
 
 
 def compare(name: str, x: torch.Tensor, y: torch.Tensor, atol: float, block: int = 1 << 22) -> TensorDiff:

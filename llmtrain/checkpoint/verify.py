@@ -6,7 +6,8 @@
    chunk lies inside an existing shard file; meta.json's step and layout agree with the folder name, the stored
    step, the ranks that wrote RNG state and config.yaml; the model tensors have the shapes config.yaml builds;
 3. values: every floating tensor read back, one at a time, and finite.
-The first problem found is a VerifyError naming the file or tensor.
+The first problem found is a VerifyError naming the file or tensor. The folder may be local or on an object store:
+every listing and read goes through its storage (checkpoint/storage).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import torch
 from omegaconf import OmegaConf
 
 from llmtrain.checkpoint import store
-from llmtrain.checkpoint.dcp_reader import CheckpointReader, first_line
+from llmtrain.checkpoint.dcp_reader import CheckpointReader, first_line, groups
+from llmtrain.checkpoint.storage import is_uri, storage_for
 from llmtrain.errors import ConfigError, VerifyError  # VerifyError: a failed check, `key` the file or tensor
 
 
@@ -36,12 +38,13 @@ class Summary:
 
 def verify_checkpoint(path: str) -> Summary:
     t0 = time.perf_counter()
-    name = os.path.basename(os.path.normpath(path))
+    storage = storage_for(path)
+    name = storage.basename(path)
     if name.endswith(".tmp"):
         raise VerifyError(name, "incomplete checkpoint: its save did not finish (a .tmp folder)")
     meta = store.read_meta(path)
     if not isinstance(meta, dict):
-        raise VerifyError(f"{name}/{store.META}", "missing file" if not os.path.exists(os.path.join(path, store.META))
+        raise VerifyError(f"{name}/{store.META}", "missing file" if not storage.isfile(storage.join(path, store.META))
                           else "unreadable (not a JSON object)")
     files, size, checksummed = check_files(path, name, meta)
     try:
@@ -53,24 +56,33 @@ def verify_checkpoint(path: str) -> Summary:
         check_records(reader, name, meta)
         tensors = check_finite(reader)
     except store.CheckpointError as e:  # a shard DCP cannot read (without a manifest to name it first)
-        raise VerifyError(f"{name}/{os.path.relpath(e.key, path)}", e.message) from None
+        raise VerifyError(f"{name}/{_relative(e.key, path)}", e.message) from None
     return Summary(files, size, tensors, checksummed, meta.get("layout"), time.perf_counter() - t0)
+
+
+def _relative(key: str, path: str) -> str:
+    """`key` (a file of the checkpoint) relative to the folder `path`."""
+    if is_uri(path):
+        return key[len(path.rstrip("/")):].lstrip("/") if key.startswith(path.rstrip("/")) else key
+    return os.path.relpath(key, path)
 
 
 def check_files(path: str, name: str, meta: dict) -> tuple[int, int, bool]:
     """(files, bytes, whether CRC32s were checked) of the manifest; without one, of the folder's files."""
     manifest = meta.get("files")
+    storage = storage_for(path)
+    sizes = storage.sizes(path)  # one listing of the folder's files, also on an object store
     if not manifest:
-        present = [f for f in os.listdir(path) if f != store.META and os.path.isfile(os.path.join(path, f))]
-        return len(present), sum(os.path.getsize(os.path.join(path, f)) for f in present), False
+        present = [f for f in sizes if f != store.META]
+        return len(present), sum(sizes[f] for f in present), False
     for file, expect in sorted(manifest.items()):
         if not (isinstance(expect, dict) and isinstance(expect.get("bytes"), int)
                 and isinstance(expect.get("crc32"), int)):
             raise VerifyError(f"{name}/{store.META}", f"manifest entry of {file} lacks its bytes or crc32")
-        full = os.path.join(path, file)
-        if not os.path.isfile(full):
+        full = storage.join(path, file)
+        if file not in sizes:
             raise VerifyError(f"{name}/{file}", "missing file")
-        size = os.path.getsize(full)
+        size = sizes[file]
         if size != expect["bytes"]:
             raise VerifyError(f"{name}/{file}", f"{size} bytes != manifest {expect['bytes']}")
         crc = store.file_crc32(full)
@@ -83,7 +95,7 @@ def check_chunks(reader: CheckpointReader, name: str) -> None:
     """Every tensor's chunks tile its global shape, and every chunk's bytes lie inside an existing file."""
     stored = {(index.fqn, tuple(index.offset) if index.offset is not None else None): info
               for index, info in reader.metadata.storage_data.items()}
-    sizes: dict[str, int | None] = {}
+    sizes = reader.storage.sizes(reader.path)  # one listing of the shard files
     for key, md in reader.tensors().items():
         shape = tuple(md.size)
         covered = 0
@@ -97,7 +109,7 @@ def check_chunks(reader: CheckpointReader, name: str) -> None:
             if info is None:
                 raise VerifyError(key, f"chunk at {list(offsets)} is in no shard file (.metadata has no storage "
                                        "entry for it)")
-            _check_in_file(reader.path, name, key, info, sizes)
+            _check_in_file(name, key, info, sizes)
         overlap = _first_overlap(boxes)
         if overlap:
             raise VerifyError(key, f"chunks at {list(overlap[0])} and {list(overlap[1])} overlap")
@@ -119,12 +131,9 @@ def _first_overlap(boxes: list[tuple[tuple, tuple]]) -> tuple[tuple, tuple] | No
     return None
 
 
-def _check_in_file(path: str, name: str, key: str, info, sizes: dict) -> None:
+def _check_in_file(name: str, key: str, info, sizes: dict[str, int]) -> None:
     file = info.relative_path
     if file not in sizes:
-        full = os.path.join(path, file)
-        sizes[file] = os.path.getsize(full) if os.path.isfile(full) else None
-    if sizes[file] is None:
         raise VerifyError(f"{name}/{file}", f"missing file (holds {key})")
     if info.offset + info.length > sizes[file]:
         raise VerifyError(f"{name}/{file}", f"truncated: {key} ends at byte {info.offset + info.length}, the file "
@@ -144,15 +153,16 @@ def check_records(reader: CheckpointReader, name: str, meta: dict) -> None:
     if layout and ranks and ranks != list(range(layout["world_size"])):
         raise VerifyError(f"{name}/{store.META}", f"layout world_size {layout['world_size']}, but ranks "
                                                   f"{_ranges(ranks)} wrote RNG state")
-    cfg_path = os.path.join(reader.path, "config.yaml")
-    if not os.path.isfile(cfg_path):
+    cfg_path = reader.storage.join(reader.path, "config.yaml")
+    if not reader.storage.isfile(cfg_path):
         return  # a checkpoint without its config: nothing to compare with
+    from llmtrain.checkpoint.export import load_checkpoint_config
     from llmtrain.checkpoint.manager import layout_of
     from llmtrain.checkpoint.weight_map import clean_name, model_shapes
     from llmtrain.config import load_run_config
 
     try:
-        cfg = load_run_config(cfg_path)
+        cfg = load_checkpoint_config(reader.path) if is_uri(cfg_path) else load_run_config(cfg_path)
         cfg_layout, cfg_model = layout_of(cfg), OmegaConf.to_container(cfg.model, resolve=True)
         shapes = model_shapes(cfg.model)
     except (ConfigError, ValueError, KeyError, AttributeError) as e:
@@ -179,12 +189,13 @@ def _ranges(ranks: list[int]) -> str:
 
 
 def check_finite(reader: CheckpointReader) -> int:
-    """Read every tensor back (one at a time); a floating one with a NaN or Inf is named. Returns how many."""
-    tensors = reader.tensors()
-    for key, md in tensors.items():
-        tensor = reader.read(key)
-        if tensor.is_floating_point():
-            bad = int(tensor.numel() - torch.isfinite(tensor).sum())
-            if bad:
-                raise VerifyError(key, f"{bad} non-finite value{'s' if bad > 1 else ''} (of {tensor.numel()})")
-    return len(tensors)
+    """Read every tensor back (one at a time; on an object store in groups of up to GROUP_BYTES); a floating one
+    with a NaN or Inf is named. Returns how many."""
+    keys = list(reader.tensors())
+    for group in groups(keys, [reader.nbytes(k) for k in keys], reader.remote):
+        for key, tensor in reader.read_many(group).items():
+            if tensor.is_floating_point():
+                bad = int(tensor.numel() - torch.isfinite(tensor).sum())
+                if bad:
+                    raise VerifyError(key, f"{bad} non-finite value{'s' if bad > 1 else ''} (of {tensor.numel()})")
+    return len(keys)

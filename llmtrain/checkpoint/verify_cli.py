@@ -3,23 +3,24 @@
 from __future__ import annotations
 
 import argparse
-import os
 
 from llmtrain.checkpoint import store
+from llmtrain.checkpoint.storage import storage_for
 from llmtrain.console import say
 from llmtrain.errors import EXIT_OK
 
 
 def add_verify_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("path", metavar="CKPT|RUN_DIR",
-                        help="a checkpoint folder, or a run directory: its newest checkpoint (--all: every one)")
+                        help="a checkpoint folder, or a run directory: its newest checkpoint (--all: every one); "
+                             "either may be an object-store URI (s3://bucket/prefix/RUN: a checkpoint location)")
     parser.add_argument("--all", action="store_true", dest="every",
                         help="with a run directory: verify every checkpoint, not only the newest")
 
 
 def targets(path: str, every: bool) -> list[str]:
     """The checkpoint folders to verify; a .tmp folder (its save did not finish) is never one."""
-    if not os.path.isdir(path):
+    if not store.exists(path):
         raise store.CheckpointUsageError(path, "no such checkpoint folder or run directory")
     if store.is_checkpoint_folder(path):
         return [path]
@@ -33,7 +34,7 @@ def summary_line(path: str, summary) -> str:
     layout = summary.layout or {}
     shown = " ".join(f"{k}={layout[k]}" for k in ("dp", "tp", "pp", "zero", "world_size") if k in layout)
     checks = "crc32 ok" if summary.checksummed else "checksums not checked (meta.json records none)"
-    return (f"{os.path.basename(os.path.normpath(path))}: ok: {summary.files} files, "
+    return (f"{storage_for(path).basename(path)}: ok: {summary.files} files, "
             f"{summary.bytes / 2**20:.1f} MiB, {summary.tensors} tensors finite, {checks}, "
             f"chunks cover every tensor{', layout ' + shown if shown else ''}; {summary.seconds:.2f} s")
 

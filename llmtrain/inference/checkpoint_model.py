@@ -11,6 +11,7 @@ from omegaconf import DictConfig
 
 from llmtrain.checkpoint import store
 from llmtrain.checkpoint.export import load_model_state
+from llmtrain.checkpoint.storage import is_uri
 from llmtrain.checkpoint.weight_map import HEAD
 from llmtrain.errors import CheckpointUsageError, ConfigError
 from llmtrain.model import build_model
@@ -39,8 +40,9 @@ class CheckpointModel:
 
 
 def resolve_checkpoint(path: str) -> tuple[str, bool]:
-    """(checkpoint folder, whether `path` was a run directory: then its newest complete checkpoint)."""
-    if not os.path.exists(path):
+    """(checkpoint folder, whether `path` was a run directory: then its newest complete checkpoint). `path` may be
+    an object-store URI: a checkpoint folder or a checkpoint location (s3://bucket/prefix/RUN)."""
+    if not (store.exists(path) if is_uri(path) else os.path.exists(path)):
         raise CheckpointUsageError(path, "no such checkpoint folder or run directory")
     return store.checkpoint_or_newest(path)
 

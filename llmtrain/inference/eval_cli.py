@@ -9,7 +9,8 @@ import json
 def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("ckpt", metavar="CKPT|RUN_DIR",
                         help="checkpoint folder (RUN_DIR/checkpoints/step-NNNNNNN), or a run directory: its newest "
-                             "complete checkpoint")
+                             "complete checkpoint; either may be an object-store URI (s3://bucket/prefix/RUN: a "
+                             "checkpoint location)")
     parser.add_argument("--data", action="append", default=None, metavar="FILE_OR_DIR",
                         help="a token file or shard folder from `llmtrain data prepare` to evaluate, whole, as one "
                              "source (repeatable); default: the run's own validation data (data=mix: each "

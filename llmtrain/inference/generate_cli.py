@@ -9,7 +9,8 @@ import json
 def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("ckpt", metavar="CKPT|RUN_DIR",
                         help="checkpoint folder (RUN_DIR/checkpoints/step-NNNNNNN), or a run directory: its newest "
-                             "complete checkpoint")
+                             "complete checkpoint; either may be an object-store URI (s3://bucket/prefix/RUN: a "
+                             "checkpoint location)")
     parser.add_argument("--prompt", required=True, help="the text to continue")
     parser.add_argument("--tokenizer", metavar="tokenizer.json|byte",
                         help="a Hugging Face tokenizer.json, or byte (one token per UTF-8 byte); default: the one "

@@ -69,9 +69,23 @@ def _cluster(cfg: DictConfig) -> None:
 
 def _model(cfg: DictConfig) -> None:
     m = cfg.model
-    if m.init_from:
-        _require(os.path.exists(os.path.expanduser(m.init_from)), "model.init_from", f"no such file or folder: "
-                                                                                   f"{m.init_from}")
+    if not m.init_from:
+        return
+    if _is_uri(m.init_from):
+        # Only whether its store's client is installed (no network here); what the URI holds is read, from its
+        # files' headers, before the workers start (launch.run.check_init_from).
+        from llmtrain.checkpoint.storage.probe import install_problem
+
+        problem = install_problem(m.init_from)
+        _require(problem is None, "model.init_from", f"{m.init_from}: {problem}")
+        return
+    _require(os.path.exists(os.path.expanduser(m.init_from)), "model.init_from", f"no such file or folder: "
+                                                                               f"{m.init_from}")
+
+
+def _is_uri(location: str) -> bool:
+    """checkpoint.storage.is_uri without importing the storage package (it imports torch)."""
+    return "://" in location and not location.startswith("file://")
 
 
 def _data_then_fp8_device(cfg: DictConfig) -> None:

@@ -46,6 +46,12 @@ class CheckpointStorage(ABC):
         with self.open(path, "rb") as f:
             return f.read()
 
+    def read_range(self, path: str, start: int, end: int) -> bytes:
+        """Bytes [start, end) of a file."""
+        with self.open(path, "rb") as f:
+            f.seek(start)
+            return f.read(end - start)
+
     def read_text(self, path: str) -> str:
         return self.read_bytes(path).decode()
 

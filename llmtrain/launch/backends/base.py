@@ -126,11 +126,33 @@ def torchrun_argv(cfg: DictConfig, run_dir: str, nnodes: int, node_rank: int | N
     return argv + ["-m", worker_module, run_dir]
 
 
+# Where an object store's client finds the store, forwarded from the launcher to workers that use one (an ssh
+# node's shell would not have them). Never the keys or tokens: a command line is visible to every user of the node
+# (ps), so credentials reach remote workers only through that account's own ~/.aws files or environment.
+STORE_ENV = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "AWS_REGION", "AWS_DEFAULT_REGION",
+             "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE", "AWS_CA_BUNDLE")
+
+
+def _on_object_store(location) -> bool:
+    """checkpoint.storage.is_uri without importing the storage package (it imports torch)."""
+    return bool(location) and "://" in str(location) and not str(location).startswith("file://")
+
+
+def store_env(cfg: DictConfig) -> dict[str, str]:
+    """The launcher's STORE_ENV variables that are set, when checkpoint.dir or model.init_from is an object-store
+    URI; {} otherwise."""
+    if not (_on_object_store(cfg.checkpoint.get("dir")) or _on_object_store(cfg.model.get("init_from"))):
+        return {}
+    return {name: os.environ[name] for name in STORE_ENV if os.environ.get(name)}
+
+
 def worker_env(cfg: DictConfig) -> dict[str, str]:
-    """Environment every worker gets on top of the node's: network preset, `env:` extras, and what makes
-    torchrun restarts and imports work."""
+    """Environment every worker gets on top of the node's: network preset, `env:` extras, the object store's
+    endpoint and profile (store_env), and what makes torchrun restarts and imports work."""
     env = {str(k): str(v) for k, v in cfg.network.env.items()}
     env.update({str(k): str(v) for k, v in cfg.env.items()})
+    for name, value in store_env(cfg).items():
+        env.setdefault(name, value)  # an `env:` entry of the config wins
     if cfg.launch.omp_num_threads:
         env.setdefault("OMP_NUM_THREADS", str(cfg.launch.omp_num_threads))
     elif cfg.cluster.name == "local":
