@@ -197,7 +197,7 @@ class CheckpointManager:
             try:
                 dcp.save(state, **self._target(tmp), process_group=self.group)
                 return True
-            except Exception as e:
+            except (Exception, CheckpointException) as e:  # DCP's gathered failures are BaseExceptions
                 if tries == 1 or _disk_full(e):
                     raise
                 self._store_failed(tmp, step, e, attempt, tries)
@@ -272,7 +272,7 @@ class CheckpointManager:
         with self._one_line_if_disk_full(tmp, step, state):
             try:
                 future.result()  # re-raises a failed write
-            except Exception as e:
+            except (Exception, CheckpointException) as e:
                 if storage_for(tmp).renames or _disk_full(e):
                     raise
                 # Training has moved on since: this state cannot be written again, the next save is the retry.
@@ -346,7 +346,7 @@ class CheckpointManager:
         storage = storage_for(path)
         try:
             dcp.load(state, storage_reader=storage.dcp_reader(path), process_group=self.group)
-        except Exception as e:
+        except (Exception, CheckpointException) as e:
             raise store.CheckpointError(path, f"cannot load checkpoint: {type(e).__name__}: "
                                               f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}") from e
         training = self.state
