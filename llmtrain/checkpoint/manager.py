@@ -86,8 +86,14 @@ STORE_BACKOFF_S = (2, 8, 30)
 
 
 def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return f"{type(e).__name__}: {text.splitlines()[0][:300]}" if text else type(e).__name__
+    """`e` in one line; DCP's CheckpointException by the first rank's own failure, which it only wraps."""
+    if isinstance(e, CheckpointException) and e.failures:
+        rank, cause = next(iter(sorted(e.failures.items())))
+        cause = cause[0] if isinstance(cause, tuple) else cause
+        if isinstance(cause, BaseException):
+            return f"rank {rank}: {_first_line(cause)}"
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text[:300]}" if text else type(e).__name__
 
 
 class CheckpointManager:

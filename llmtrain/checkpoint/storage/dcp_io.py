@@ -86,6 +86,15 @@ def counting_local_writer(path: str):
 
 
 class StoreReader(FsspecReader):
-    def __init__(self, path: str, fs):
+    """torch's fsspec reader on `fs`, its files opened with `options` for reading (a smaller read-ahead)."""
+
+    def __init__(self, path: str, fs, options: dict | None = None):
         super().__init__(path)
         self.fs.fs = fs
+        if options:
+            @contextlib.contextmanager
+            def opened(path, mode):
+                with fs.open(os.fspath(path), mode, **(options if "r" in mode else {})) as stream:
+                    yield stream
+
+            self.fs.create_stream = opened

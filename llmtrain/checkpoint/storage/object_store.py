@@ -28,7 +28,13 @@ def filesystem(uri: str, **options):
     return cls(use_listings_cache=False, skip_instance_cache=True, **options)
 
 
+# DCP reads each stored item with one read of its length; the client's default read-ahead (50 MiB for s3fs) would
+# fetch that much more for every small item. Writes keep the client's part size (S3 allows 10,000 parts a file).
 READ_AHEAD_BYTES = 4 << 20
+
+
+def read_options(mode: str) -> dict:
+    return {"block_size": READ_AHEAD_BYTES} if "r" in mode else {}
 
 
 class ObjectStorage(CheckpointStorage):
@@ -36,10 +42,7 @@ class ObjectStorage(CheckpointStorage):
 
     def __init__(self, uri: str):
         self.protocol = uri.split("://", 1)[0]
-        # DCP reads each stored item with one read of its length; s3fs's default read-ahead (50 MiB) would fetch
-        # that much more for every small item.
-        options = {"default_block_size": READ_AHEAD_BYTES} if self.protocol in ("s3", "s3a") else {}
-        self.fs = filesystem(uri, **options)
+        self.fs = filesystem(uri)
 
     def _key(self, path: str) -> str:
         return self.fs._strip_protocol(path)
@@ -70,7 +73,7 @@ class ObjectStorage(CheckpointStorage):
 
     def open(self, path: str, mode: str = "rb") -> IO:
         with answered(path):
-            return self.fs.open(self._key(path), mode)
+            return self.fs.open(self._key(path), mode, **read_options(mode))
 
     def read_bytes(self, path: str) -> bytes:
         with answered(path):
@@ -128,4 +131,4 @@ class ObjectStorage(CheckpointStorage):
     def dcp_reader(self, path: str):
         from llmtrain.checkpoint.storage.dcp_io import StoreReader
 
-        return StoreReader(path, self.fs)
+        return StoreReader(path, self.fs, read_options("rb"))
