@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO
+from helpers.s3_server import fresh_clients
 
 from llmtrain.cli import build_parser, hydra_flag_error, main
 
@@ -91,7 +92,7 @@ def test_the_pages_show_commands():
 
 
 @pytest.mark.parametrize("page,command", COMMANDS, ids=[f"{p}:{c[:60]}" for p, c in COMMANDS])
-def test_shown_command_parses_composes_and_runs(page, command, stand_ins, monkeypatch, capsys):
+def test_shown_command_parses_composes_and_runs(page, command, stand_ins, monkeypatch, capsys, request):
     from llmtrain.config import builtin_config_dir
     from llmtrain.launch.config_probes import compose_here
     from llmtrain.sweep.expand import expand
@@ -100,6 +101,14 @@ def test_shown_command_parses_composes_and_runs(page, command, stand_ins, monkey
     monkeypatch.chdir(cwd)
     monkeypatch.setenv("HOME", str(home))
     argv = argv_of(command)
+    buckets = re.findall(r"s3://([a-z0-9.-]+)/", command)
+    if buckets:  # the page's store, on the tests' S3 server (its launch probes a write there)
+        server = request.getfixturevalue("s3_server")
+        for key, value in server.env.items():
+            monkeypatch.setenv(key, value)
+        fresh_clients()
+        for bucket in buckets:
+            server.filesystem().mkdirs(bucket, exist_ok=True)
     assert hydra_flag_error(argv) is None, command
     try:
         args = build_parser().parse_args(argv)
