@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import socket
 
@@ -16,6 +17,9 @@ def describe(e: BaseException) -> str:
     every = f"{kind} {text}".lower()
     if isinstance(e, PermissionError) or "accessdenied" in every or "forbidden" in every or "403" in every:
         return f"write denied (check the credentials and the bucket's policy): {text or kind}"
+    # s3fs turns SlowDown / 503 into OSError(EBUSY, "Please reduce your request rate.").
+    if (isinstance(e, OSError) and e.errno == errno.EBUSY) or "reduce your request rate" in every:
+        return f"the store throttles requests (retry later): {text or kind}"
     if "nosuchbucket" in every or "bucket does not exist" in every or "specified bucket does not exist" in every:
         return f"no such bucket: {text or kind}"
     if ("connect" in every or "endpoint" in every or "timeout" in every or "timed out" in every
