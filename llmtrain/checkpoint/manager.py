@@ -25,6 +25,7 @@ from torch.distributed.tensor import DTensor
 from llmtrain.checkpoint import store
 from llmtrain.checkpoint.location import LOCAL, STORE, Tiers, tiers_of_config
 from llmtrain.checkpoint.storage import storage_for
+from llmtrain.checkpoint.storage.failures import describe
 from llmtrain.checkpoint.state import ModelState, OptimizerState
 from llmtrain.checkpoint.training_state import TrainingState
 from llmtrain.config import to_yaml
@@ -85,15 +86,15 @@ def _disk_full(e: BaseException | None) -> bool:
 STORE_BACKOFF_S = (2, 8, 30)
 
 
-def _first_line(e: BaseException) -> str:
-    """`e` in one line; DCP's CheckpointException by the first rank's own failure, which it only wraps."""
+def _store_reason(e: BaseException) -> str:
+    """A failed save to an object store in one line; DCP's CheckpointException by the first rank's own failure,
+    which it only wraps."""
     if isinstance(e, CheckpointException) and e.failures:
         rank, cause = next(iter(sorted(e.failures.items())))
         cause = cause[0] if isinstance(cause, tuple) else cause
         if isinstance(cause, BaseException):
-            return f"rank {rank}: {_first_line(cause)}"
-    text = " ".join(str(e).split())
-    return f"{type(e).__name__}: {text[:300]}" if text else type(e).__name__
+            return f"rank {rank}: {describe(cause)}"
+    return describe(e)
 
 
 class CheckpointManager:
@@ -210,7 +211,7 @@ class CheckpointManager:
         return False
 
     def _store_failed(self, tmp: str, step: int, e: BaseException, attempt: int, tries: int) -> None:
-        reason = _first_line(e)
+        reason = _store_reason(e)
         if self.rank == 0:
             storage_for(tmp).remove(tmp)  # no half of it stays; without meta.json it would never be resumed anyway
         last = attempt >= tries
