@@ -89,7 +89,7 @@ def storage_reason(err: BaseException) -> str | None:
 
 class ObjectStoreError(KeyedError):
     """An object store that did not answer as asked (unreachable, denied, throttled past the client's retries):
-    `llmtrain: error: s3://bucket/prefix: write denied (...)`."""
+    `llmtrain: error: s3://bucket/prefix: access denied (...)`."""
 
 
 class StorageError(LlmtrainError, OSError):

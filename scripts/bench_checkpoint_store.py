@@ -290,7 +290,8 @@ def run(a, server: subprocess.Popen | None) -> int:
         if a.out:
             with open(a.out, "w") as f:
                 json.dump({"model": a.model, "params": n_params, "seq": a.seq, "repeats": a.repeats,
-                           "machine": machine, "torch": torch.__version__, "read_timeout_s": a.read_timeout, "date": time.strftime("%Y-%m-%d"),
+                           "machine": machine, "torch": torch.__version__, "read_timeout_s": a.read_timeout,
+                           "date": time.strftime("%Y-%m-%d"),
                            "probe_s": probe, "modes": results, "fraction_of_sync_store": fractions,
                            "target": TARGET, "target_met": met, "warnings": warnings}, f, indent=1)
         dist.destroy_process_group()

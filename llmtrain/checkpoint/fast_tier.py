@@ -11,6 +11,7 @@ shared folder rank 0 does all of it, and a resume may read the folder itself.
 from __future__ import annotations
 
 import os
+import time
 import uuid
 import zlib
 
@@ -19,6 +20,7 @@ import torch.distributed as dist
 
 from llmtrain.checkpoint import store
 from llmtrain.checkpoint.location import LOCAL, Tiers
+from llmtrain.checkpoint.ownership import claim, other_run
 from llmtrain.checkpoint.storage import storage_for
 from llmtrain.checkpoint.storage.dcp_io import counting_local_writer
 from llmtrain.checkpoint.upload import Uploader
@@ -26,8 +28,19 @@ from llmtrain.checkpoint.upload import Uploader
 MARK = ".llmtrain-node-"
 
 
+def _appears(storage, path: str, tries: int = 3) -> bool:
+    """Whether another node's mark is here, asked by name and a few times: a network filesystem's cached listing
+    can hide a file another client has just written."""
+    for attempt in range(tries):
+        if storage.isfile(path):
+            return True
+        if attempt + 1 < tries:
+            time.sleep(0.5)
+    return False
+
+
 class FastTier:
-    def __init__(self, tiers: Tiers, keep: int, upload_every: int, max_steps: int, group, log):
+    def __init__(self, tiers: Tiers, keep: int, upload_every: int, max_steps: int, group, log, run_dir: str):
         self.tiers, self.keep, self.upload_every, self.max_steps, self.log = tiers, keep, upload_every, max_steps, log
         self.group = group
         self.rank = dist.get_rank()
@@ -41,6 +54,7 @@ class FastTier:
         self.newest: tuple[str, int] | None = None
         self.uploader = None
         if self.owner:
+            self._claim(os.path.abspath(run_dir))
             self._remove_partials()
             self.uploader = Uploader(tiers.store, keep, log, node=0 if self.shared else self.node,
                                      nodes=1 if self.shared else self.nnodes)
@@ -55,13 +69,20 @@ class FastTier:
             storage.write_bytes(storage.join(self.tiers.local, mark), b"")
         marks: list = [None] * dist.get_world_size(self.group)
         dist.all_gather_object(marks, mark, group=self.group)  # also the barrier after every mark is written
-        seen = set(storage.listdir(self.tiers.local))
-        shared = torch.tensor([int(all(m in seen for m in marks if m))], dtype=torch.int32)
+        shared = torch.tensor([int(all(_appears(storage, storage.join(self.tiers.local, m)) for m in marks if m))],
+                              dtype=torch.int32)
         dist.all_reduce(shared, op=dist.ReduceOp.MIN, group=self.group)
         dist.barrier(group=self.group)
         if mark:
             storage.remove(storage.join(self.tiers.local, mark))
         return bool(shared.item())
+
+    def _claim(self, run_dir: str) -> None:
+        """Two runs sharing one fast-tier folder would prune each other's saves: refused, naming the other."""
+        why = other_run(self.tiers.local, run_dir)
+        if why:
+            raise store.CheckpointError("checkpoint.local_dir", why)
+        claim(self.tiers.local, run_dir)
 
     def _remove_partials(self) -> None:
         removed = store.remove_partials(Tiers(self.tiers.local))  # this node's folder only: no upload runs yet

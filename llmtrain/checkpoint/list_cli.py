@@ -31,6 +31,8 @@ def state(info: store.CheckpointInfo) -> str:
         return "incomplete (.tmp: save did not finish)"
     if info.corrupt:
         return f"corrupt ({store.META} missing or unreadable)"
+    if not info.whole:  # the fast tier on each node's own disk: the other nodes' shards are on theirs
+        return "this node's part (checkpoint.local_dir on each node's own disk)"
     problem = store.check(info)
     return f"corrupt ({problem})" if problem else "complete"
 

@@ -42,6 +42,14 @@ def tiers_of_config(cfg: DictConfig, run_dir: str | None = None) -> Tiers:
     return Tiers(_absolute(store), _absolute(local) if local else None)
 
 
+def absolute_locations(cfg: DictConfig) -> None:
+    """checkpoint.dir and checkpoint.local_dir as absolute paths (URIs as they are), in place: config.yaml must
+    name the same folders for every process, whatever its working directory."""
+    for key in ("dir", "local_dir"):
+        if cfg.checkpoint.get(key):
+            cfg.checkpoint[key] = _absolute(cfg.checkpoint[key])
+
+
 _read: dict[str, tuple[int, Tiers]] = {}
 
 

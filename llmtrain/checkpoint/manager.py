@@ -9,7 +9,6 @@ the model, its optimizer and the TrainingState; a load restores them in place an
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 import time
@@ -19,13 +18,10 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from omegaconf import DictConfig, OmegaConf
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.stateful import Stateful
-from torch.distributed.tensor import DTensor
 
-from llmtrain.checkpoint import store
+from llmtrain.checkpoint import save_failures, store
 from llmtrain.checkpoint.location import LOCAL, STORE, Tiers, tiers_of_config
 from llmtrain.checkpoint.storage import storage_for
-from llmtrain.checkpoint.storage.failures import describe
 from llmtrain.checkpoint.state import ModelState, OptimizerState
 from llmtrain.checkpoint.training_state import TrainingState
 from llmtrain.config import to_yaml
@@ -41,60 +37,6 @@ def layout_of(cfg: DictConfig) -> dict:
     if p.get("ep", 1) > 1:  # only then: a checkpoint without expert parallel reads as before
         layout["ep"] = p.ep
     return layout
-
-
-def _local_bytes(state: dict) -> int:
-    """Bytes this rank writes for `state` (its own shards)."""
-    total = 0
-    for value in state.values():
-        if isinstance(value, Stateful):
-            value = value.state_dict()
-        if isinstance(value, dict):
-            total += _local_bytes(value)
-        elif torch.is_tensor(value):
-            t = value.to_local() if isinstance(value, DTensor) else value
-            total += t.numel() * t.element_size()
-    return total
-
-
-def _out_of_space(e: BaseException, folder: str, state: dict) -> bool:
-    if _disk_full(e):
-        return True
-    if isinstance(e, (KeyboardInterrupt, SystemExit)):
-        return False
-    free = storage_for(folder).free_bytes(folder)
-    return free is not None and free < _local_bytes(state)
-
-
-def _disk_full(e: BaseException | None) -> bool:
-    """Whether `e` (or what it wraps: DCP gathers every rank's failure into one CheckpointException) is ENOSPC."""
-    seen, todo = set(), [e]
-    while todo:
-        e = todo.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
-            return True
-        if isinstance(e, CheckpointException):
-            todo += [f[0] if isinstance(f, tuple) else f for f in e.failures.values()]
-        todo += [e.__cause__, e.__context__]
-    return False
-
-
-# Pauses before the tries after a failed save to an object store (throttling, a connection cut off).
-STORE_BACKOFF_S = (2, 8, 30)
-
-
-def _store_reason(e: BaseException) -> str:
-    """A failed save to an object store in one line; DCP's CheckpointException by the first rank's own failure,
-    which it only wraps."""
-    if isinstance(e, CheckpointException) and e.failures:
-        rank, cause = next(iter(sorted(e.failures.items())))
-        cause = cause[0] if isinstance(cause, tuple) else cause
-        if isinstance(cause, BaseException):
-            return f"rank {rank}: {describe(cause)}"
-    return describe(e)
 
 
 class CheckpointManager:
@@ -129,7 +71,7 @@ class CheckpointManager:
             from llmtrain.checkpoint.fast_tier import FastTier
 
             self.fast = FastTier(self.tiers, cfg.checkpoint.keep, cfg.checkpoint.upload_every, cfg.train.max_steps,
-                                 self.group, log)
+                                 self.group, log, run_dir)
 
     def _remove_partials(self) -> None:
         """A launch starts with no save or upload in flight, so every partial folder is the leftover of a killed
@@ -159,13 +101,15 @@ class CheckpointManager:
         return out
 
     # ---- save ------------------------------------------------------------------------------------------------
-    def save(self, asynchronous: bool) -> None:
+    def save(self, asynchronous: bool) -> bool:
+        """Whether the checkpoint was written (or, asynchronously, is on its way): a save to an object store that
+        failed every try is not, and training goes on."""
         self.wait()  # one save in flight at a time
         step = self.state.step
         storage = storage_for(self.tiers.at(self.save_tier))
         tmp = storage.staged_name(store.step_dir(self.tiers, step, self.save_tier))
         if self.rank == 0:
-            storage.remove(tmp)  # leftovers of a save that was killed
+            save_failures.remove_quietly(tmp)  # leftovers of a save that was killed
             storage.makedirs(tmp)
         dist.barrier(group=self.group)
         state = self.state_dict()
@@ -181,7 +125,10 @@ class CheckpointManager:
                 self.pending = (response.upload_completion, tmp, step, elapsed, t0, state)
                 self.log(f"llmtrain: checkpoint step {step}: saving in the background", flush=True)
             elif self._save_with_retries(state, tmp, step):
-                self._finalize(tmp, step, elapsed, t0, state)
+                return self._finalize(tmp, step, elapsed, t0, state)
+            else:
+                return False
+        return True
 
     def _target(self, tmp: str) -> dict:
         """Where DCP writes: a filesystem through torch's own writer (the manifest is read back); an object store,
@@ -199,21 +146,21 @@ class CheckpointManager:
         after a pause; when every try failed, training goes on from the previous checkpoint, said in a warning,
         except at the last step, whose save must land. DCP gathers every rank's failure, so all ranks agree on
         each try. Returns whether the save was written."""
-        tries = 1 if storage_for(tmp).renames else len(STORE_BACKOFF_S) + 1
+        tries = 1 if storage_for(tmp).renames else len(save_failures.STORE_BACKOFF_S) + 1
         for attempt in range(1, tries + 1):
             try:
                 dcp.save(state, **self._target(tmp), process_group=self.group)
                 return True
             except (Exception, CheckpointException) as e:  # DCP's gathered failures are BaseExceptions
-                if tries == 1 or _disk_full(e):
+                if tries == 1 or save_failures.disk_full(e):
                     raise
                 self._store_failed(tmp, step, e, attempt, tries)
         return False
 
     def _store_failed(self, tmp: str, step: int, e: BaseException, attempt: int, tries: int) -> None:
-        reason = _store_reason(e)
+        reason = save_failures.store_reason(e)
         if self.rank == 0:
-            storage_for(tmp).remove(tmp)  # no half of it stays; without meta.json it would never be resumed anyway
+            save_failures.remove_quietly(tmp)  # no half of it stays (without meta.json it is never resumed anyway)
         last = attempt >= tries
         if last and self.state.step >= self.cfg.train.max_steps:
             raise store.CheckpointError(tmp, f"the last step's checkpoint could not be written after {tries} tries "
@@ -222,9 +169,9 @@ class CheckpointManager:
             good = self.saved[0] if self.saved else "none yet"
             self.log(f"llmtrain: warning: checkpoint step {step} to {self.tiers.store} failed ({reason}); "
                      + ("training goes on, the next save tries again; the last good checkpoint: " + good if last
-                        else f"retrying in {STORE_BACKOFF_S[attempt - 1]} s"), flush=True)
+                        else f"retrying in {save_failures.STORE_BACKOFF_S[attempt - 1]} s"), flush=True)
         if not last:
-            time.sleep(STORE_BACKOFF_S[attempt - 1])
+            time.sleep(save_failures.STORE_BACKOFF_S[attempt - 1])
             if self.rank == 0:
                 storage_for(tmp).makedirs(tmp)
             dist.barrier(group=self.group)
@@ -254,7 +201,7 @@ class CheckpointManager:
         try:
             yield
         except BaseException as e:
-            if not _out_of_space(e, os.path.dirname(tmp), state):
+            if not save_failures.out_of_space(e, os.path.dirname(tmp), state):
                 raise
             if self.rank == 0:
                 storage_for(tmp).remove(tmp)
@@ -280,24 +227,29 @@ class CheckpointManager:
             try:
                 future.result()  # re-raises a failed write
             except (Exception, CheckpointException) as e:
-                if storage_for(tmp).renames or _disk_full(e):
+                if storage_for(tmp).renames or save_failures.disk_full(e):
                     raise
                 # Training has moved on since: this state cannot be written again, the next save is the retry.
                 self._store_failed(tmp, step, e, 1, 1)
                 return
             self._finalize(tmp, step, elapsed, t0, state)
 
-    def _finalize(self, tmp: str, step: int, elapsed: float, t0: float, state: dict) -> None:
+    def _finalize(self, tmp: str, step: int, elapsed: float, t0: float, state: dict) -> bool:
         # Complete only when every rank has written its part: then rank 0 seals the folder (with a fast tier on
         # each node's own disk, every node its own).
         written = self._written_by_every_rank()
-        meta = final = None
+        meta = final = failure = None
         if self.rank == 0:
-            storage = storage_for(tmp)
-            storage.write_bytes(storage.join(tmp, "config.yaml"), to_yaml(self.cfg).encode())
-            meta = self._meta(step, elapsed, state)
-            if self.fast is None:
-                final = store.finalize(tmp, meta, written)
+            try:
+                storage = storage_for(tmp)
+                storage.write_bytes(storage.join(tmp, "config.yaml"), to_yaml(self.cfg).encode())
+                meta = self._meta(step, elapsed, state)
+                if self.fast is None:
+                    final = store.finalize(tmp, meta, written)
+            except Exception as e:  # every rank must learn of it, or they wait for rank 0 forever
+                failure = e
+        if self._sealing_failed(tmp, step, failure):
+            return False
         added = ""
         if self.fast is not None:
             final, added = self.fast.seal(tmp, meta, written)
@@ -310,6 +262,21 @@ class CheckpointManager:
                      f"{time.perf_counter() - t0:.1f} s){added}", flush=True)
         dist.barrier(group=self.group)
         self.saved = (tmp.removesuffix(".tmp"), step)
+        return True
+
+    def _sealing_failed(self, tmp: str, step: int, failure: Exception | None) -> bool:
+        """Collective: whether rank 0 failed to seal the save. On an object store the save is then one that did
+        not land (a warning, training goes on); on a filesystem every rank stops, rank 0 with its own error."""
+        box = [None if failure is None else save_failures.store_reason(failure)]
+        dist.broadcast_object_list(box, src=0, group=self.group)
+        if box[0] is None:
+            return False
+        if not storage_for(tmp).renames:
+            self._store_failed(tmp, step, failure or RuntimeError(box[0]), 1, 1)
+            return True
+        if failure is not None:
+            raise failure
+        raise store.CheckpointError(tmp, f"rank 0 could not seal the checkpoint ({box[0]})")
 
     def _meta(self, step: int, elapsed: float, state: dict) -> dict:
         """meta.json but its manifest."""
@@ -343,9 +310,29 @@ class CheckpointManager:
             self.fast.finish()
 
     # ---- load ------------------------------------------------------------------------------------------------
+    def _readable_by_every_rank(self, path: str) -> str:
+        """Collective. A fast-tier checkpoint is loaded only where every rank sees it whole (a folder every node
+        sees, or a one-node run on the node that wrote it); otherwise the store's newest complete one."""
+        if self.tiers.local is None or storage_for(path).parent(path) != self.tiers.local:
+            return path
+        meta = store.read_meta(path) or {}
+        whole = torch.tensor([int(bool(meta) and set(meta.get("files", {})) <= set(storage_for(path).sizes(path)))])
+        dist.all_reduce(whole, op=dist.ReduceOp.MIN, group=self.group)
+        if whole.item():
+            return path
+        instead, _ = store.latest_complete(Tiers(self.tiers.store))
+        if instead is None:
+            raise store.CheckpointError(path, "not on every node's disk (checkpoint.local_dir), and "
+                                              f"{self.tiers.store} holds no complete checkpoint to resume instead")
+        if self.rank == 0:
+            self.log(f"llmtrain: {path} is not on every node's disk (checkpoint.local_dir); resuming from "
+                     f"{instead.path} instead", flush=True)
+        return instead.path
+
     def load(self, path: str, prefix: str = "") -> None:
         """Restore the model, optimizer and TrainingState from the checkpoint at `path`; `prefix` starts the log
         line (a restart's number)."""
+        path = self._readable_by_every_rank(path)
         meta = store.verify(path, crc=False)
         same_layout = meta.get("layout") == layout_of(self.cfg)
         state = self.state_dict(for_load=True, include_rng=same_layout, mixture="mixture" in meta,
@@ -354,8 +341,10 @@ class CheckpointManager:
         try:
             dcp.load(state, storage_reader=storage.dcp_reader(path), process_group=self.group)
         except (Exception, CheckpointException) as e:
-            raise store.CheckpointError(path, f"cannot load checkpoint: {type(e).__name__}: "
-                                              f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}") from e
+            rank, cause = save_failures.unwrapped(e)
+            text = str(cause).strip()
+            raise store.CheckpointError(path, f"cannot load checkpoint: {rank}{type(cause).__name__}: "
+                                              f"{text.splitlines()[0] if text else ''}") from e
         training = self.state
         training.load_state_dict(state["extra"])  # DCP loaded the checkpoint's values into this dict
         training.elapsed_before_s = float(meta.get("elapsed_s", 0.0))

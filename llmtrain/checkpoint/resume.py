@@ -47,7 +47,8 @@ class Resolution:
 
 
 def resolve_resume(run_dir, value: str) -> Resolution:
-    """`value` (auto | none | PATH or URI) against the run directory `run_dir` (or its checkpoint tiers). Raises CheckpointUsageError naming
+    """`value` (auto | none | PATH or URI) against the run directory `run_dir` (or its checkpoint tiers). Raises
+    CheckpointUsageError naming
     checkpoint.resume (or the corrupt folder) when PATH is no complete checkpoint, or a corrupt folder is newer
     than the newest complete one."""
     if value == "none":

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from llmtrain.checkpoint import store
 from llmtrain.checkpoint.location import Tiers
 from llmtrain.checkpoint.storage import storage_for
+from llmtrain.checkpoint.storage.failures import describe
 
 BACKOFF_S = (1, 2, 4, 8, 16, 30)  # then every 30 s
 FINAL_TRIES = 8  # when the run ends: tries for the checkpoints still waiting, before giving up on them
@@ -82,6 +83,9 @@ class Uploader:
             local, step = self.current
             try:
                 self._upload_with_retries(local, step)
+            except Exception as e:  # noqa: BLE001 - the thread outlives any one checkpoint's trouble
+                self._say(f"warning: upload of checkpoint step {step} to {self.target} stopped ({describe(e)}); "
+                          f"the local copy stays at {local}")
             finally:
                 with self.cond:
                     self.current = None
@@ -98,7 +102,7 @@ class Uploader:
             except Exception as e:  # noqa: BLE001 - any failure of the store: said, retried, never fatal
                 wait = BACKOFF_S[min(tries, len(BACKOFF_S)) - 1]
                 superseded, giving_up = self._newer_waiting(), self.finishing and tries >= FINAL_TRIES
-                reason = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+                reason = describe(e)
                 if superseded or giving_up:
                     self._say(f"warning: upload of checkpoint step {step} to {self.target} failed ({tries} tries, "
                               f"last: {reason}); " + ("a newer checkpoint goes instead" if superseded else
@@ -110,36 +114,49 @@ class Uploader:
                 continue
             self.uploaded.append(step)
             if committed:
-                remote, size, took = committed
-                removed = store.prune(self.target, self.keep, protect=remote)
-                part = "this node's " if self.nodes > 1 else ""
-                self._say(f"uploaded checkpoint step {step} -> {remote} ({part}{size / 2**20:.1f} MiB, {took:.1f} s)"
-                          + (f"; removed {len(removed)} old from the store" if removed else ""))
+                self._after_commit(step, *committed)
             return
+
+    def _after_commit(self, step: int, remote: str, size: int, took: float) -> None:
+        """Tidying once the checkpoint is committed: a failure here is a warning, never a retry of the upload
+        (which would take the commit back)."""
+        part = "this node's " if self.nodes > 1 else ""
+        line = f"uploaded checkpoint step {step} -> {remote} ({part}{size / 2**20:.1f} MiB, {took:.1f} s)"
+        try:
+            for node in range(self.nodes if self.nodes > 1 else 0):
+                self.storage.remove(self.storage.join(remote, f"{MARKER}{node}"))
+            removed = store.prune(Tiers(self.target), self.keep, protect=remote)
+        except Exception as e:  # noqa: BLE001
+            self._say(f"{line}; warning: tidying the store afterwards failed ({describe(e)})")
+            return
+        self._say(line + (f"; removed {len(removed)} old from the store" if removed else ""))
 
     def _upload(self, local: str, step: int) -> tuple[str, int, float] | None:
         """This node's files, then its marker; node 0 then commits. Returns (folder, bytes, seconds) where this
         uploader committed, else None."""
         t0 = time.perf_counter()
         remote = store.step_dir(Tiers(self.target), step)
+        # On a filesystem the upload goes to STEP.tmp, renamed once committed; on an object store to STEP itself.
+        staged = self.storage.staged_name(remote)
         local_storage = storage_for(local)
-        # An earlier commit of this step (a run resumed from before it) must not vouch for the files going up now.
-        self.storage.remove(self.storage.join(remote, store.META))
+        if self.node == 0:
+            # An earlier commit of this step (a run resumed from before it) must not vouch for the files going up.
+            self.storage.remove(self.storage.join(staged, store.META))
+        self.storage.makedirs(staged)
         size = 0
         for name, nbytes in sorted(local_storage.walk_files(local)):
             if name != store.META:
-                self.storage.put_file(local_storage.join(local, name), self.storage.join(remote, name))
+                self.storage.put_file(local_storage.join(local, name), self.storage.join(staged, name))
                 size += nbytes
         if self.nodes > 1:
-            self.storage.write_bytes(self.storage.join(remote, f"{MARKER}{self.node}"), b"")
+            self.storage.write_bytes(self.storage.join(staged, f"{MARKER}{self.node}"), b"")
             if self.node != 0:
                 return None
-            self._wait_for_markers(remote, step)
-        # The commit: the manifest, written last.
-        self.storage.write_bytes(self.storage.join(remote, store.META),
+            self._wait_for_markers(staged, step)
+        # The commit: the manifest, written last (then, on a filesystem, the rename).
+        self.storage.write_bytes(self.storage.join(staged, store.META),
                                  local_storage.read_bytes(local_storage.join(local, store.META)))
-        for node in range(self.nodes if self.nodes > 1 else 0):
-            self.storage.remove(self.storage.join(remote, f"{MARKER}{node}"))
+        self.storage.publish(staged, remote)
         return remote, size, time.perf_counter() - t0
 
     def _wait_for_markers(self, remote: str, step: int) -> None:

@@ -394,7 +394,6 @@ SECTIONS: tuple[tuple[str, Probe], ...] = (
 )
 
 
-
 def _check_checkpoint_location(ckpt) -> None:
     """checkpoint.dir and the fast tier: shape only here; the launch probes the store itself (a write)."""
     _require(ckpt.upload_every >= 1, "checkpoint.upload_every", f"must be >= 1 (got {ckpt.upload_every})")

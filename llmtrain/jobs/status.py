@@ -15,8 +15,7 @@ import os
 import shlex
 
 from llmtrain.checkpoint import store
-from llmtrain.errors import ObjectStoreError
-from llmtrain.errors import EXIT_FAILED, EXIT_HANGUP, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED
+from llmtrain.errors import EXIT_FAILED, EXIT_HANGUP, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED, ObjectStoreError
 from llmtrain.jobs import named_run_dir
 from llmtrain.rundir.job_record import read_launches
 from llmtrain.rundir.mfu_field import not_shown, shown_mfu

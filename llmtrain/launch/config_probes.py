@@ -71,7 +71,9 @@ def _model(cfg: DictConfig) -> None:
     m = cfg.model
     if not m.init_from:
         return
-    if _is_uri(m.init_from):
+    from llmtrain.checkpoint.storage import is_uri
+
+    if is_uri(m.init_from):
         # Only whether its store's client is installed (no network here); what the URI holds is read, from its
         # files' headers, before the workers start (launch.run.check_init_from).
         from llmtrain.checkpoint.storage.probe import install_problem
@@ -81,11 +83,6 @@ def _model(cfg: DictConfig) -> None:
         return
     _require(os.path.exists(os.path.expanduser(m.init_from)), "model.init_from", f"no such file or folder: "
                                                                                f"{m.init_from}")
-
-
-def _is_uri(location: str) -> bool:
-    """checkpoint.storage.is_uri without importing the storage package (it imports torch)."""
-    return "://" in location and not location.startswith("file://")
 
 
 def _data_then_fp8_device(cfg: DictConfig) -> None:

@@ -12,6 +12,7 @@ import time
 
 from llmtrain.checkpoint import store
 from llmtrain.launch.launch_record import job_launch, newest_launch
+from llmtrain.errors import ObjectStoreError
 from llmtrain.rundir.atomic import atomic_write_json
 from llmtrain.rundir.paths import RunPaths
 from llmtrain.rundir import goodput
@@ -20,7 +21,10 @@ from llmtrain.rundir import goodput
 
 def record_start(run_dir: str, started: float, queue_s: float = 0.0, launch: int | None = None,
                  job_id: str | None = None, ended: float | None = None) -> dict:
-    latest, _ = store.latest_complete(run_dir)
+    try:
+        latest, _ = store.latest_complete(run_dir)
+    except ObjectStoreError:  # a store that does not answer just now: the start is recorded without its step
+        latest = None
     ended = time.time() if ended is None else ended
     entry = goodput.ledger_entry(goodput.read_events(run_dir), started, ended, queue_s=queue_s,
                                  kept_step=latest.step if latest else 0)

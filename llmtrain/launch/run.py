@@ -11,7 +11,9 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.table import Table
 
-from llmtrain.checkpoint.location import tiers_of_config
+from llmtrain.checkpoint.location import absolute_locations, tiers_of_config
+from llmtrain.checkpoint.ownership import claim
+from llmtrain.checkpoint.storage import is_uri
 from llmtrain.checkpoint.resume import Resolution, resolve_resume
 from llmtrain.config import batch, to_yaml, validate
 from llmtrain.config.errors import ConfigError
@@ -84,6 +86,7 @@ def dry_run(cfg: DictConfig) -> int:
     console = get_console()
     run_dir = os.path.abspath(cfg.run.dir)
     cfg.run.dir = run_dir
+    absolute_locations(cfg)
     backend = get_backend(cfg, run_dir)
     check_shapes(cfg)
     fit = check_memory_fit(cfg)
@@ -126,11 +129,14 @@ def prepare_run_dir(cfg: DictConfig) -> str:
 def check_checkpoint_store(cfg: DictConfig) -> None:
     """checkpoint.dir and checkpoint.local_dir, written to once (a probe object, removed again): an unreachable
     endpoint, a missing bucket or a denied write is one line naming the key and the location."""
+    from llmtrain.checkpoint.ownership import other_run
     from llmtrain.checkpoint.storage.probe import why_unwritable
 
-    for key in ("dir", "local_dir"):
+    # The fast tier is on the nodes' disks: only where the launcher is the node can it look.
+    keys = ("dir", "local_dir") if traits_of(cfg.cluster.name).launcher_is_the_node else ("dir",)
+    for key in keys:
         location = cfg.checkpoint.get(key)
-        problem = why_unwritable(location) if location else None
+        problem = (why_unwritable(location) or other_run(location, os.path.abspath(cfg.run.dir))) if location else None
         if problem:
             raise ConfigError(f"checkpoint.{key}", problem)
 
@@ -166,7 +172,7 @@ def check_resume(cfg: DictConfig, console: Console, origins: dict[str, str] | No
     resolution = resolve_resume(tiers, cfg.checkpoint.resume)
     path, old = resolution.checkpoint, None
     if path is not None:
-        store.verify(path)
+        store.verify(path, crc=not is_uri(path))  # a store's CRCs would cost a download of the checkpoint
         old = load_checkpoint_config(path)
         if not cfg.run.overwrite:  # said as itself, not as the new run in run.dir it would otherwise be
             check_positions(old, cfg, path)
@@ -214,6 +220,7 @@ def launch(cfg: DictConfig, origins: dict[str, str] | None = None) -> int:
     """`origins`: compose_here's, for the resume check and the launch record (where the global batch came from)."""
     console = get_console()
     run_dir = cfg.run.dir = os.path.abspath(cfg.run.dir)
+    absolute_locations(cfg)  # config.yaml keeps them as every node reads them, whatever its working directory
     backend = get_backend(cfg, run_dir)
     backend.check_ready()  # missing tools or devices: refused before anything is written
     check_shapes(cfg)  # a run that accepts fewer nodes has a layout for each count
@@ -239,6 +246,8 @@ def launch(cfg: DictConfig, origins: dict[str, str] | None = None) -> int:
             return EXIT_OK
         try:
             prepare_run_dir(cfg)  # checkpoint.resume as the user wrote it
+            if cfg.checkpoint.get("dir"):  # from now on this run's: another is refused there
+                claim(cfg.checkpoint.dir, run_dir)
         except OSError as e:
             raise ConfigError("run.dir", f"cannot write the run directory {run_dir}: {e.strerror or e}") from None
         return _run(cfg, backend, console, resolution, (origins or {}).get(batch.GLOBAL_KEY))

@@ -88,11 +88,17 @@ def refuse_or_move_aside(cfg: DictConfig, run_dir: str, why: str, checkpoints: l
         dest += "+"
     aside = RunPaths(dest)
     os.makedirs(aside.checkpoints)
-    for path in checkpoints:  # one on an object store goes to previous/<time>/ beside its folder there
+    for path in checkpoints:
+        # One kept elsewhere (checkpoint.dir, local_dir) goes to previous/<time>/ beside it: an object store or
+        # another filesystem cannot take it into the run directory.
         storage = storage_for(path)
-        into = aside.checkpoints if storage.renames else storage.join(storage.parent(path), PREVIOUS,
-                                                                       os.path.basename(dest))
-        storage.move(path, storage.join(into, storage.basename(path)))
+        parent = storage.parent(path)
+        into = aside.checkpoints if parent == RunPaths(run_dir).checkpoints else \
+            storage.join(parent, PREVIOUS, os.path.basename(dest))
+        try:
+            storage.move(path, storage.join(into, storage.basename(path)))
+        except OSError as e:
+            raise ConfigError("run.overwrite", f"cannot move {path} aside into {into}: {e.strerror or e}") from None
     everything = not store.list_checkpoints(tiers_of_config(cfg, run_dir))
     for name in RUN_FILES:
         src = os.path.join(run_dir, name)

@@ -74,7 +74,7 @@ class SpikeGuard:
             raise RuntimeError(f"{line}; stopping at step {step} without saving (train.spike.policy="
                                f"{self.policy}{bound})")
         self.ckpt.wait()  # a save in flight is a checkpoint from before the spike
-        before = [i for i in store.list_checkpoints(self.run_dir) if i.complete and i.step < first_step]
+        before = [i for i in store.list_checkpoints(self.run_dir) if i.resumable and i.step < first_step]
         if not before:
             raise RuntimeError(f"{line}; no checkpoint of this run before step {first_step} to roll back to; "
                                f"stopping at step {step} without saving (train.spike.policy=rollback)")

@@ -413,17 +413,17 @@ class Trainer:
     def save_checkpoint(self, asynchronous: bool) -> bool:
         """Save unless the state may be poisoned: never after a non-finite step (the streak may not be over),
         never with non-finite parameters. Every rank takes the same decision. Returns whether it saved."""
-        why = self._unsafe_to_save()
+        why, landed = self._unsafe_to_save(), False
         if why:
             good = self.ckpt.last_good
             where = f"the last good checkpoint is {good[0]}" if good else "this run has no earlier checkpoint"
             self.log(f"llmtrain: step {self.step}: not saving a checkpoint: {why} ({where})", flush=True)
         else:
             started = time.perf_counter()
-            self.ckpt.save(asynchronous=asynchronous)
+            landed = self.ckpt.save(asynchronous=asynchronous)
             self.events.record("save", self.step, blocked_s=time.perf_counter() - started)
         self.save_schedule.restart_clock()  # the next interval counts training time, not this save's
-        return not why
+        return landed
 
     def _unsafe_to_save(self) -> str | None:
         if self.bad_since is not None:  # the same on every rank: decided by the all-reduced flags

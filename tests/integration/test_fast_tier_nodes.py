@@ -57,8 +57,8 @@ def names(folder: Path) -> set[str]:
 
 def test_each_node_keeps_only_its_own_shards_sealed_with_one_manifest(node_local_run):
     node0, node1 = (node_local_run["disks"] / f"node{n}" for n in (0, 1))
-    # keep=2 on each node's disk: step 5 (the last) and 4 stay.
-    assert sorted(names(node0)) == sorted(names(node1)) == ["step-0000004", "step-0000005"]
+    # keep=2 on each node's disk: step 5 (the last) and 4 stay; each disk names the run it belongs to.
+    assert sorted(names(node0)) == sorted(names(node1)) == [".llmtrain-run", "step-0000004", "step-0000005"]
     for step in ("step-0000004", "step-0000005"):
         assert names(node0 / step) == {".metadata", "__0_0.distcp", "config.yaml", "meta.json"}
         assert names(node1 / step) == {"__1_0.distcp", "meta.json"}

@@ -38,9 +38,9 @@ def max_diff(a: dict, b: dict, steps) -> float:
 
 
 def store_names(fs, uri: str) -> list[str]:
-    """The step folders under a store location, straight from the store."""
+    """The step folders under a store location, straight from the store (not the run's name in .llmtrain-run)."""
     key = uri[len("s3://"):]
-    return sorted(p.rsplit("/", 1)[-1] for p in fs.ls(key, refresh=True))
+    return sorted(name for p in fs.ls(key, refresh=True) if (name := p.rsplit("/", 1)[-1]).startswith("step-"))
 
 
 def rank0_log(run_dir) -> str:
@@ -191,12 +191,12 @@ def test_fast_tier_uploads_retry_through_throttling_and_a_cut_connection(fast_ti
     warnings = [line for line in log.splitlines() if line.startswith(target)]
     assert len(warnings) == 2, log
     # Each names the file and gives the store's words, then says it retries, and where the local copy stays.
-    throttled = f"{target} (ObjectStoreError: {uri}/step-0000016/__0_0.distcp: "
+    throttled = f"{target} ({uri}/step-0000016/__0_0.distcp: "
     assert warnings[0].startswith(throttled) and warnings[0].endswith(
         f"[Errno 16] Please reduce your request rate.); retrying in 1 s; {stays}"), warnings[0]
     shard = f"{uri}/step-0000016/__1_0.distcp"
     # (The client's words are cut at 300 characters: the URL's end may be missing.)
-    closed = (f"{target} (ObjectStoreError: {shard}: the store's endpoint cannot be reached (AWS_ENDPOINT_URL="
+    closed = (f"{target} ({shard}: the store's endpoint cannot be reached (AWS_ENDPOINT_URL="
               f"{proxy.endpoint}): Connection was closed before we received a valid response from endpoint URL: "
               f'"{proxy.endpoint}/')
     assert warnings[1].startswith(closed) and warnings[1].endswith(f"); retrying in 2 s; {stays}"), warnings[1]
@@ -209,7 +209,7 @@ def test_fast_tier_uploads_retry_through_throttling_and_a_cut_connection(fast_ti
     infos = store.list_checkpoints(uri)
     assert infos[-1].step == 16 and all(i.complete for i in infos), infos
     store.verify(f"{uri}/step-0000016")
-    assert sorted(p.name for p in local.iterdir()) == ["step-0000012", "step-0000016"]  # local retention
+    assert sorted(p.name for p in local.iterdir()) == [".llmtrain-run", "step-0000012", "step-0000016"]  # retention
 
 
 def test_the_newest_checkpoint_only_in_the_fast_tier_is_resumed_and_said(fast_tier, s3_server):

@@ -122,7 +122,8 @@ def test_verify_names_a_size_and_a_crc_mismatch(location):
     assert store.verify(path, crc=False)["step"] == 4  # sizes only: what a worker checks
     with pytest.raises(CheckpointError) as e:
         store.verify(path)
-    assert (e.value.key, e.value.message) == (shard, "checkpoint file is corrupted (CRC32 differs from the one written)")
+    corrupted = "checkpoint file is corrupted (CRC32 differs from the one written)"
+    assert (e.value.key, e.value.message) == (shard, corrupted)
     storage.remove(storage.join(path, store.META))
     with pytest.raises(CheckpointError, match=r"missing or unreadable meta\.json: not a complete checkpoint"):
         store.verify(path)
@@ -220,7 +221,7 @@ def test_the_probe_names_a_denied_write(s3_faulty, s3_server):
     bucket = s3_server.bucket("probe")
     s3_faulty.deny()
     assert why_unwritable(f"s3://{bucket}/r1") == (
-        f"s3://{bucket}/r1: write denied (check the credentials and the bucket's policy): Access Denied")
+        f"s3://{bucket}/r1: access denied (check the credentials and the bucket's policy): Access Denied")
     assert [(r.method, r.status) for r in s3_faulty.requests()] == [("PUT", 403)]  # no retry of a refusal
 
 
@@ -288,7 +289,7 @@ def test_a_throttled_upload_is_retried_and_committed_last(s3_faulty, s3_server, 
     lines = upload(fast_checkpoint, target, 4)
     assert len(lines) == 2, lines
     reason = retry_warning(lines[0], target, fast_checkpoint, 1)
-    assert reason.startswith(f"ObjectStoreError: {target}/step-0000004/__0_0.distcp: ") and reason.endswith(
+    assert reason.startswith(f"{target}/step-0000004/__0_0.distcp: ") and reason.endswith(
         "[Errno 16] Please reduce your request rate."), reason  # the file, then the store's words
     assert re.fullmatch(rf"llmtrain: uploaded checkpoint step 4 -> {target}/step-0000004 \(0\.3 MiB, [\d.]+ s\)",
                         lines[1]), lines
@@ -308,7 +309,7 @@ def test_a_cut_upload_is_retried_and_committed_last(s3_faulty, s3_server, fast_c
     lines = upload(fast_checkpoint, target, 4)
     assert len(lines) == 2, lines
     reason = retry_warning(lines[0], target, fast_checkpoint, 1)
-    assert reason == (f"ObjectStoreError: {target}/step-0000004/__0_0.distcp: the store's endpoint cannot be reached "
+    assert reason == (f"{target}/step-0000004/__0_0.distcp: the store's endpoint cannot be reached "
                       f"(AWS_ENDPOINT_URL={s3_faulty.endpoint}): Connection was closed before we received a valid "
                       f'response from endpoint URL: "{s3_faulty.endpoint}{key}/step-0000004/__0_0.distcp".'), reason
     assert lines[1].startswith(f"llmtrain: uploaded checkpoint step 4 -> {target}/step-0000004 ")

@@ -9,7 +9,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from llmtrain.checkpoint import manager as manager_module
+from llmtrain.checkpoint import save_failures
 from llmtrain.checkpoint import store
 from llmtrain.checkpoint.manager import CheckpointManager
 from llmtrain.errors import CheckpointError
@@ -28,7 +28,7 @@ def saving(s3_faulty, s3_server, one_rank, tmp_path, monkeypatch):
     from llmtrain.checkpoint.training_state import TrainingState
     from llmtrain.train.loss_scale import DynamicLossScaler
 
-    monkeypatch.setattr(manager_module, "STORE_BACKOFF_S", PAUSES_S)
+    monkeypatch.setattr(save_failures, "STORE_BACKOFF_S", PAUSES_S)
     location = f"s3://{s3_server.bucket('saves')}/run"
     cfg = OmegaConf.create({"parallel": {"dp": 1, "tp": 1, "pp": 1, "zero": 0, "virtual_stages": 1},
                             "cluster": {"nnodes": 1, "nproc_per_node": 1}, "model": {"d_model": 8},
@@ -57,7 +57,7 @@ def test_a_save_refused_once_is_tried_again_and_lands_whole(saving):
     proxy.deny()
     heal_on_retry.append(True)
     ckpt.save(asynchronous=False)
-    assert lines[0].startswith(f"llmtrain: warning: checkpoint step 1 to {location} failed (rank 0: write denied "
+    assert lines[0].startswith(f"llmtrain: warning: checkpoint step 1 to {location} failed (rank 0: access denied "
                                "(check the credentials and the bucket's policy): "), lines[0]
     assert lines[0].endswith("); retrying in 0.05 s"), lines[0]
     assert lines[1].startswith(f"llmtrain: saved checkpoint step 1 -> {location}/step-0000001 ("), lines
@@ -72,7 +72,7 @@ def test_a_store_that_refuses_every_try_leaves_training_going_and_nothing_half_w
     proxy.deny()
     ckpt.save(asynchronous=False)  # returns: training goes on
     tries = [line for line in lines if "checkpoint step 4" in line]
-    assert len(tries) == 4 and all("write denied" in line for line in tries), tries
+    assert len(tries) == 4 and all("access denied" in line for line in tries), tries
     assert [line.rsplit(")", 1)[-1] for line in tries[:3]] == ["; retrying in 0.05 s"] * 3
     assert tries[3].endswith(f"; training goes on, the next save tries again; the last good checkpoint: "
                              f"{location}/step-0000001"), tries[3]
@@ -102,7 +102,8 @@ def test_a_failed_background_save_is_said_and_the_next_save_is_its_retry(saving)
     ckpt.save(asynchronous=True)
     ckpt.wait()  # training moved on meanwhile: this state is not written again
     failed = [line for line in lines if "failed" in line]
-    assert len(failed) == 1 and failed[0].startswith(f"llmtrain: warning: checkpoint step 1 to {location} failed ("), lines
+    assert len(failed) == 1, lines
+    assert failed[0].startswith(f"llmtrain: warning: checkpoint step 1 to {location} failed ("), lines
     assert failed[0].endswith("training goes on, the next save tries again; the last good checkpoint: none yet")
     proxy.passthrough()
     assert steps_in(location) == [] and ckpt.last_good is None

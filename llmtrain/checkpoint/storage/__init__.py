@@ -27,9 +27,15 @@ def _object_storage(protocol: str) -> CheckpointStorage:
 
 
 def storage_for(location: str) -> CheckpointStorage:
-    """The storage that holds `location` (a path, or a URI of an object store)."""
+    """The storage that holds `location` (a path, or a URI of an object store); a store whose client is not
+    installed is an ObjectStoreError naming `location`."""
     if is_uri(location):
-        return _object_storage(location.split("://", 1)[0])
+        from llmtrain.errors import ObjectStoreError
+
+        try:
+            return _object_storage(location.split("://", 1)[0])
+        except ObjectStoreError as e:
+            raise ObjectStoreError(location, e.message) from None
     return LOCAL
 
 

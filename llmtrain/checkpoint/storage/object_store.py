@@ -13,18 +13,20 @@ from typing import IO
 
 from llmtrain.checkpoint.storage.base import CheckpointStorage
 from llmtrain.checkpoint.storage.failures import answered
+from llmtrain.errors import ObjectStoreError
 
 
 def filesystem(uri: str, **options):
-    """The fsspec filesystem of `uri`, without listing caches; an ImportError names the extra to install."""
+    """The fsspec filesystem of `uri`, without listing caches; one that is not installed, or a scheme fsspec does
+    not know, is an ObjectStoreError saying what to install."""
+    from llmtrain.checkpoint.storage.probe import install_problem
+
+    problem = install_problem(uri)
+    if problem:
+        raise ObjectStoreError(uri, problem)
     import fsspec
 
-    protocol = uri.split("://", 1)[0]
-    try:
-        cls = fsspec.get_filesystem_class(protocol)
-    except ImportError as e:
-        raise ImportError(f"{uri}: the {protocol}:// filesystem is not installed ({e}); for s3:// run "
-                          "pip install 'llmtrain[s3]'") from None
+    cls = fsspec.get_filesystem_class(uri.split("://", 1)[0])
     return cls(use_listings_cache=False, skip_instance_cache=True, **options)
 
 

@@ -25,8 +25,9 @@ def install_problem(location: str) -> str | None:
     try:
         fsspec.get_filesystem_class(protocol)
     except ImportError:
-        extra = "s3" if protocol in ("s3", "s3a") else None
-        how = f"pip install 'llmtrain[{extra}]'" if extra else f"install fsspec's {protocol}:// filesystem package"
+        package = {"gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs", "abfss": "adlfs"}.get(protocol)
+        how = ("pip install 'llmtrain[s3]'" if protocol in ("s3", "s3a") else f"pip install {package}" if package
+               else f"install fsspec's {protocol}:// filesystem package")
         return f"the {protocol}:// client is not installed: {how}"
     except ValueError:
         return f"unknown storage scheme {protocol}:// (fsspec knows none by that name)"

@@ -133,15 +133,13 @@ STORE_ENV = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "AWS_REGI
              "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE", "AWS_CA_BUNDLE")
 
 
-def _on_object_store(location) -> bool:
-    """checkpoint.storage.is_uri without importing the storage package (it imports torch)."""
-    return bool(location) and "://" in str(location) and not str(location).startswith("file://")
-
-
 def store_env(cfg: DictConfig) -> dict[str, str]:
-    """The launcher's STORE_ENV variables that are set, when checkpoint.dir or model.init_from is an object-store
-    URI; {} otherwise."""
-    if not (_on_object_store(cfg.checkpoint.get("dir")) or _on_object_store(cfg.model.get("init_from"))):
+    """The launcher's STORE_ENV variables that are set, when checkpoint.dir, checkpoint.resume or model.init_from
+    is an object-store URI; {} otherwise."""
+    from llmtrain.checkpoint.storage import is_uri
+
+    named = (cfg.checkpoint.get("dir"), cfg.checkpoint.get("resume"), cfg.model.get("init_from"))
+    if not any(location and is_uri(str(location)) for location in named):
         return {}
     return {name: os.environ[name] for name in STORE_ENV if os.environ.get(name)}
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from omegaconf import OmegaConf
 
 from llmtrain.checkpoint.store import newest_step
+from llmtrain.errors import ObjectStoreError
 from llmtrain.launch.launch_record import note_job
 from llmtrain.launch.node.requeue_policy import (breaker_reason, exclusion, note_end, note_start,
                                                  too_few_left)
@@ -57,9 +58,19 @@ def say(message: str) -> None:
     print(f"llmtrain: {message}", flush=True)
 
 
+def _newest_step(run_dir: str) -> int | None:
+    """The newest checkpoint's step; a store that does not answer just now leaves it unknown (None), said in a
+    warning, rather than ending the job's bookkeeping (and its requeue) with a traceback."""
+    try:
+        return newest_step(run_dir)
+    except ObjectStoreError as e:
+        say(f"warning: {e}; the newest checkpoint's step is unknown")
+        return None
+
+
 def start_began(run_dir: str, job_id: str, restart: int) -> None:
     """At each start of the job (slurm_job_start.py): the checkpoint it begins from, to tell progress by."""
-    step = newest_step(run_dir)
+    step = _newest_step(run_dir)
     update_ledger(run_dir, lambda ledger: note_start(ledger, job_id, restart, step))
 
 
@@ -82,7 +93,7 @@ def requeue_or_stop(run_dir: str, job_id: str, failure: str | None, announce: st
     """Requeue the job, leaving out its bad hosts (`announce`: said just before the requeue); None when Slurm took
     it, else why it was not requeued (recorded in nodes.json and job.json for `llmtrain status`)."""
     policy = read_policy(run_dir)
-    step = newest_step(run_dir)
+    step = _newest_step(run_dir)
     counted = {}
     ledger = update_ledger(run_dir, lambda led: counted.setdefault("n", note_end(led, step, failure)))
     reason = breaker_reason(counted["n"], policy.max_starts_without_progress, failure)
