@@ -15,7 +15,8 @@ from llmtrain.checkpoint.location import tiers_of
 from llmtrain.checkpoint.storage import is_uri, storage_for
 from llmtrain.console import fold_table, get_console
 
-CHECKS = "checked: meta.json, .metadata, each file present with its written size (a launch also checks the CRC32s of one on a filesystem)"
+CHECKS = ("checked: meta.json, .metadata, each file present with its written size (a launch also checks the CRC32s "
+          "of one on a filesystem)")
 
 
 def add_list_arguments(parser: argparse.ArgumentParser) -> None:
