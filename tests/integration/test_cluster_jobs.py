@@ -220,9 +220,13 @@ def test_time_limit_requeues_the_job_until_max_steps(cluster, tmp_path, bridge_s
         parts = e["productive_s"] + sum(e[k] for k in ("queue_s", "startup_s", "checkpoint_s", "lost_s",
                                                            "restart_s", "shutdown_s"))
         assert abs(parts - e["allocated_s"]) <= 0.01 and 0 < e["goodput"] < 1 and e["lost_s"] <= 5, e
-    # Healthy starts leave the node ledger quiet: no host blamed or excluded, the breaker never tripped.
+    # Healthy starts leave the node ledger quiet: no host blamed for a failure, a hang or its start-up, none
+    # excluded, the breaker never tripped. (A straggler note may come: both nodes share this machine's two cores
+    # with the other test workers and the S3 server, so one rank's compute can lag the other's now and then.)
     ledger = json.loads((run_dir / "nodes.json").read_text())
-    assert (ledger["hosts"], ledger["excluded"], ledger["stopped"]) == ({}, {}, None), ledger
+    blamed = {host: {k: n for k, n in entry.items() if k in ("failure", "hang", "startup") and n}
+              for host, entry in ledger["hosts"].items()}
+    assert (blamed, ledger["excluded"], ledger["stopped"]) == ({h: {} for h in blamed}, {}, None), ledger
     assert ledger["starts"]["without_progress"] == 0 and "requeue excludes" not in job_log, ledger
 
 

@@ -310,7 +310,7 @@ def test_the_launcher_prints_the_mixture_change_on_resume(data, tmp_path, capsys
     with open(os.path.join(ckpt, "config.yaml"), "w") as f:
         f.write(to_yaml(old))
     monkeypatch.setattr(run, "resolve_resume", lambda run_dir, value: Resolution(value, ckpt, "PATH as given"))
-    monkeypatch.setattr(store, "verify", lambda path: None)
+    monkeypatch.setattr(store, "verify", lambda path, **_: None)
     monkeypatch.setattr(store, "read_meta", lambda path: {"step": 10, "data": data_identity(old.data)})
     monkeypatch.setattr(run_identity, "conflict", lambda *args: ("", []))
     assert run.check_resume(new, get_console(width=300)).checkpoint == ckpt

@@ -17,7 +17,7 @@ from llmtrain import errors
 from llmtrain.checkpoint import store
 from llmtrain.cli import main
 from llmtrain.console import error_line, fail, get_console, plain, say
-from llmtrain.errors import (EXIT_FAILED, EXIT_HANGUP, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED, EXIT_USAGE,
+from llmtrain.errors import (ObjectStoreError, EXIT_FAILED, EXIT_HANGUP, EXIT_INTERRUPTED, EXIT_OK, EXIT_PREEMPTED, EXIT_USAGE,
                              CancelError, CheckpointError, CheckpointUsageError, ConfigError, DataError, KeyedError,
                              LlmtrainError, StorageError, VerifyError)
 
@@ -33,6 +33,7 @@ EXPECTED_CODES = {
     VerifyError: EXIT_FAILED,
     CancelError: EXIT_FAILED,
     StorageError: EXIT_FAILED,
+    ObjectStoreError: EXIT_FAILED,
 }
 
 
