@@ -38,6 +38,7 @@ class Uploader:
         self.storage = storage_for(target)
         self.waiting: tuple[str, int] | None = None  # (local folder, step) not started yet
         self.current: tuple[str, int] | None = None
+        self.uploaded: list[int] = []
         self.submitted: set[int] = set()
         self.finishing = False
         self.cond = threading.Condition()
@@ -111,6 +112,7 @@ class Uploader:
                           f"retrying in {wait} s; the local copy stays at {local}")
                 time.sleep(wait)
                 continue
+            self.uploaded.append(step)
             if committed:
                 self._after_commit(step, *committed)
             return
