@@ -270,6 +270,18 @@ def _validate_expert_parallel(cfg: DictConfig) -> None:
                  "(expert parallel is carved from its ranks)")
 
 
+def _validate_loss(cfg: DictConfig) -> None:
+    t = cfg.train
+    if t.loss_chunk_tokens is not None:
+        _require(t.loss_chunk_tokens > 0, "train.loss_chunk_tokens", f"must be > 0 or null (got {t.loss_chunk_tokens})")
+    if t.loss == "liger":
+        # Its Triton kernel runs on CUDA only and takes the whole vocabulary's weight.
+        _require(cfg.device != "cpu", "train.loss", "liger runs on CUDA only (device=cpu); use train.loss=chunked")
+        _require(cfg.parallel.tp == 1, "train.loss",
+                 f"liger takes the whole vocabulary, and parallel.tp={cfg.parallel.tp} shards it; use "
+                 "train.loss=chunked (vocabulary-parallel) or auto")
+
+
 def _validate_train(cfg: DictConfig) -> None:
     t, p = cfg.train, cfg.parallel
     _positive(cfg, "train.max_steps", "train.micro_batch_size", "train.global_batch_size", "train.lr",
@@ -288,6 +300,7 @@ def _validate_train(cfg: DictConfig) -> None:
         _require(0.0 <= t[key] < 1.0, f"train.{key}", f"must be in [0, 1) (got {t[key]})")
     problem = division_problem(t.global_batch_size, t.micro_batch_size, p.dp)
     _require(problem is None, "train.global_batch_size", problem)
+    _validate_loss(cfg)
     if p.pp > 1:
         micro = Derived.of(cfg).micro_batches
         _require(micro >= p.pp, "train.global_batch_size",

@@ -25,6 +25,8 @@ APEX_BUILD = ("git clone https://github.com/NVIDIA/apex && cd apex && APEX_CUDA_
               "two); or use optim.fused=auto (torch's fused AdamW on CUDA, no build)")
 APEX_INSTALL = ("NVIDIA apex is not installed (it is not on PyPI); optim.fused=apex needs its CUDA extensions "
                 f"{' and '.join(APEX_EXTENSIONS)}: {APEX_BUILD}")
+LIGER_INSTALL = ("liger needs Liger-Kernel, which is not installed: pip install 'llmtrain[liger]' (in a checkout: "
+                 "pip install -e '.[liger]'); or use train.loss=chunked")
 FP8_INSTALL = ("fp8 needs torchao (its float8 training), which is not installed: pip install 'llmtrain[fp8]' "
                "(in a checkout: pip install -e '.[fp8]')")
 
@@ -124,6 +126,11 @@ def _precision(cfg: DictConfig) -> None:
         _require(missing is None, "precision", missing)
 
 
+def _train(cfg: DictConfig) -> None:
+    if cfg.train.loss == "liger" and importlib.util.find_spec("liger_kernel") is None:
+        _require(False, "train.loss", LIGER_INSTALL)
+
+
 def _optim(cfg: DictConfig) -> None:
     if cfg.optim.fused == "apex":
         missing = apex_missing()
@@ -150,7 +157,7 @@ def _logging(cfg: DictConfig) -> None:
 
 
 # Keyed by the section of config.validate's rules each runs after.
-PROBES = {"cluster": _cluster, "model": _model, "data": _data_then_fp8_device, "precision": _precision,
+PROBES = {"cluster": _cluster, "model": _model, "train": _train, "data": _data_then_fp8_device, "precision": _precision,
           "optim": _optim, "profile": _profile, "logging": _logging}
 
 

@@ -11,6 +11,8 @@ from typing import Callable
 import torch
 from torch import nn
 
+from llmtrain.model.head_loss import logits_loss
+
 
 class Decoder(nn.Module):
     def __init__(self, args, embed: nn.Module, block: Callable[..., nn.Module], norm: nn.Module):
@@ -21,6 +23,8 @@ class Decoder(nn.Module):
         self.layers = nn.ModuleDict({str(i): block(args, i) for i in range(args.n_layers)})
         self.norm: nn.Module | None = norm
         self.head: nn.Linear | None = nn.Linear(args.d_model, args.vocab_size, bias=False)
+        # (hidden, head, targets) -> mean loss; a plain attribute, so the trainer can pick another implementation
+        self.head_loss = logits_loss
         self.tie_weights()
 
     def tie_weights(self) -> None:
@@ -28,14 +32,17 @@ class Decoder(nn.Module):
         if self.args.tie_embeddings and self.embed is not None and self.head is not None:
             self.head.weight = self.embed.tok.weight
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Token ids (b, t) -> logits (b, t, vocab); a pipeline stage without embed/head maps hidden -> hidden."""
+    def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """Token ids (b, t) -> logits (b, t, vocab), or with `targets` (b, t) the mean loss (computed by head_loss,
+        which need not hold the whole logits); a pipeline stage without embed/head maps hidden -> hidden."""
         h = self.embed(x) if self.embed is not None else x
         for layer in self.layers.values():
             h = layer(h)
         if self.norm is not None:
             h = self.norm(h)
-        return self.head(h) if self.head is not None else h
+        if self.head is None:
+            return h
+        return self.head(h) if targets is None else self.head_loss(h, self.head, targets)
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())

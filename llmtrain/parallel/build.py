@@ -8,13 +8,13 @@ import contextlib
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
 from llmtrain.config.derived import Derived, torch_dtype
+from llmtrain.loss import head_loss_for, resolve_loss
 from llmtrain.model import build_model, init_parameters
 from llmtrain.model.registry import family_of
 from llmtrain.parallel.context_parallel import apply_context_parallel, set_token_positions
@@ -165,7 +165,11 @@ def build_parallel_model(cfg: DictConfig, dims: ParallelDims, mesh: Meshes, devi
         init_parameters(part, cfg.train.seed, cfg.model.init_std, cfg.model.n_layers, pretrained)
         if dims.cp > 1:
             set_token_positions(part, mesh.cp, cfg.model.seq_len, device)
+        if part.head is not None:
+            part.head_loss = head_loss if dims.pp == 1 else _as_stage_output(head_loss)
         return part
+
+    head_loss = head_loss_for(resolve_loss(cfg.train.loss, device.type, dims.tp), cfg.train.loss_chunk_tokens)
 
     if dims.pp == 1:
         model = ParallelModel([finish(whole)], dims, float8=float8)
@@ -188,12 +192,20 @@ def build_parallel_model(cfg: DictConfig, dims: ParallelDims, mesh: Meshes, devi
     model = ParallelModel(parts, dims, None, ids, num_stages, tied_group, float8)
     model.init_from_note = pretrained_note
 
-    def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
-        return loss * model.pipeline_loss_scale
+    def loss_fn(loss: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The last stage's output is already its micro-batch's loss (the trainer hands it the targets)."""
+        return loss.sum() * model.pipeline_loss_scale
 
     model.pipeline = pp_lib.build_schedule(stages, pp.pp_schedule, Derived.of(cfg).micro_batches, loss_fn)
     return model
+
+
+def _as_stage_output(head_loss):
+    """A last stage's loss with one dimension: the schedule concatenates its micro-batches' outputs."""
+    def stage_loss(hidden: torch.Tensor, head: nn.Linear, targets: torch.Tensor) -> torch.Tensor:
+        return head_loss(hidden, head, targets).reshape(1)
+
+    return stage_loss
 
 
 def _tied_group(mesh: Meshes, dims: ParallelDims, pp) -> dist.ProcessGroup | None:

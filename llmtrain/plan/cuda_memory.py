@@ -28,10 +28,10 @@ recompute only autograd holds copies (of the blocks not recomputed and of the he
 inside one autocast context, whose cache keeps every copy for the whole step. Under FSDP the parameters are
 gathered in the compute dtype (the gathered term of the state); zero 0 keeps them from forward to backward.
 
-The loss reads the logits (compute dtype, still referenced until the next micro-batch's forward returns) through
-an fp32 copy: log_softmax keeps its fp32 output, and backward starts with two more fp32 tensors of the logits'
-size (nll_loss's gradient and log_softmax's). The peak is the largest of four moments of the last micro-batch:
-the end of its forward, the start of its backward (the loss), during the blocks' backward, and the optimizer step
+The model returns the loss, not the logits; what the loss holds depends on train.loss (loss_memory.py: the full
+logits' fp32 log_softmax and its two backward tensors, or the chunked/fused loss's kept gradients and one chunk).
+The peak is the largest of five moments of the last micro-batch: the end of its forward, the loss's forward, the
+start of its backward (the loss), during the blocks' backward, and the optimizer step
 (fp32 gradients, AdamW moments and the update's temporaries). The caching allocator rounds each block to 512
 bytes, which is negligible at these sizes and not modelled.
 
@@ -59,6 +59,7 @@ from __future__ import annotations
 
 from llmtrain.config.derived import DTYPE_BYTES, padded_vocab_size
 from llmtrain.config.fp8 import float8_tensor_parallel, float8_weights_per_block
+from llmtrain.plan.loss_memory import loss_memory
 from llmtrain.plan.moe_memory import moe_saved_bytes
 from llmtrain.parallel.layout import ParallelDims
 from llmtrain.plan.params import BlockShape, StagePlan, block_shape, block_shapes, embedding_params
@@ -165,24 +166,11 @@ def float8_transient_bytes(cfg, micro_batch: int) -> float:
     return FP8 * (hidden * m.d_model * m.d_model / t + sbh + hidden * sbh / t)
 
 
-def logits_bytes(cfg, micro_batch: int) -> float:
-    return micro_batch * cfg.model.seq_len * padded_vocab_size(cfg.model) / cfg.parallel.tp * _compute_size(cfg)
-
-
-def fp32_logits_bytes(cfg, micro_batch: int) -> float:
-    return micro_batch * cfg.model.seq_len * padded_vocab_size(cfg.model) / cfg.parallel.tp * FP32
-
-
 def loss_saved_bytes(cfg, micro_batch: int) -> float:
-    """What the last stage saves after the blocks: the final norm's fp32 input, the head's cast input and
-    log_softmax's fp32 output."""
+    """What the last stage saves after the blocks: the final norm's fp32 input, the head's cast input (the chunked
+    loss keeps the hidden states' gradient instead, the same size) and what the loss keeps (loss_memory.py)."""
     head_inputs = micro_batch * cfg.model.seq_len * cfg.model.d_model * (FP32 + _compute_size(cfg))
-    return head_inputs + fp32_logits_bytes(cfg, micro_batch)
-
-
-def loss_backward_bytes(cfg, micro_batch: int) -> float:
-    """The first moment of backward: nll_loss's gradient and log_softmax's gradient, both fp32, alive together."""
-    return 2 * fp32_logits_bytes(cfg, micro_batch)
+    return head_inputs + loss_memory(cfg, micro_batch, cuda=True).saved
 
 
 def boundary_bytes_per_element() -> int:
@@ -197,22 +185,20 @@ def optimizer_step_bytes(cfg, largest_param: float) -> float:
     return 0.0 if fused else 2 * FP32 * largest_param
 
 
-def rank_peak(*, state: float, grads: float, acts: float, micro: int, last: bool, pipelined: bool,
-              held_weights: float, cached_only: float, loss_output: float, logits: float, loss_backward: float,
+def rank_peak(*, state: float, grads: float, acts: float, micro: int, last: bool, held_weights: float,
+              cached_only: float, loss_output: float, loss_forward: float, loss_backward: float,
               block_transient: float, optimizer_temporaries: float) -> dict:
-    """The four moments of the step (see the module docstring), in bytes; the peak is their maximum.
-    `loss_output` is log_softmax's saved output, alive from the loss to the start of backward."""
+    """The moments of the step (see the module docstring), in bytes; the peak is their maximum. `loss_output` is
+    what the loss keeps from its forward to the start of backward (the model returns the loss, not the logits)."""
     accumulated = grads if micro > 1 else 0.0  # gradients of the earlier micro-batches
     live = grads + acts if micro > 1 else max(grads, acts)  # backward frees activations as it makes gradients
     before_loss = loss_output if last else 0.0
-    kept_logits = logits if last else 0.0
-    # Without a pipeline the previous micro-batch's logits are referenced until this forward returns.
-    previous_logits = logits if (last and micro > 1 and not pipelined) else 0.0
+    forward_end = state + accumulated + acts - before_loss + held_weights + cached_only
     return {
-        "forward_end": state + accumulated + acts - before_loss + held_weights + cached_only + kept_logits
-        + previous_logits,
-        "loss_backward": state + live + held_weights + kept_logits + (loss_backward if last else 0.0),
-        "blocks_backward": state + live - before_loss + held_weights + kept_logits + block_transient,
+        "forward_end": forward_end,
+        "loss_forward": forward_end + (loss_output + loss_forward if last else 0.0),
+        "loss_backward": state + live + held_weights + (loss_backward if last else 0.0),
+        "blocks_backward": state + live - before_loss + held_weights + block_transient,
         "optimizer_step": state + grads + optimizer_temporaries,
     }
 
@@ -240,9 +226,9 @@ def moments(cfg, dims: ParallelDims, held: list[StagePlan], n_stages: int, micro
                   for i in s.layers) if any(s.layers for s in held) else 0.0
     if holds_embedding:
         largest = max(largest, padded_vocab_size(m) * m.d_model / tp / shard(False))
+    loss = loss_memory(cfg, mb, cuda=True)
     return rank_peak(
         state=state, grads=grads, acts=acts, micro=micro, last=any(s.stage == n_stages - 1 for s in held),
-        pipelined=cfg.parallel.pp > 1, held_weights=held_weights, cached_only=cached_only,
-        loss_output=fp32_logits_bytes(cfg, mb), logits=logits_bytes(cfg, mb),
-        loss_backward=loss_backward_bytes(cfg, mb), block_transient=block_transient,
+        held_weights=held_weights, cached_only=cached_only, loss_output=loss.saved, loss_forward=loss.forward,
+        loss_backward=loss.backward, block_transient=block_transient,
         optimizer_temporaries=optimizer_step_bytes(cfg, largest))

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from llmtrain.config.derived import DTYPE_BYTES, padded_vocab_size
+from llmtrain.config.derived import DTYPE_BYTES
 from llmtrain.config.fp8 import float8_all_gather, float8_tensor_parallel, float8_weights_per_block
 from llmtrain.config.schema import SINGLE_STAGE_SCHEDULES
 from llmtrain.parallel import layout as pp_lib
@@ -39,6 +39,7 @@ from llmtrain.parallel.layout import ParallelDims
 from llmtrain.plan import context_parallel as cp_lib
 from llmtrain.plan import cuda_memory
 from llmtrain.plan import expert_parallel as ep_lib
+from llmtrain.plan.loss_memory import loss_memory
 from llmtrain.plan.moe_memory import moe_saved_bytes
 from llmtrain.plan.params import (BlockShape, StagePlan, active_params, block_params_per_rank, block_shape,
                                   block_shapes, flops_per_token, moe_flops_per_token, stage_params)
@@ -191,32 +192,31 @@ def stage_state_bytes(cfg, dims: ParallelDims, stage: StagePlan, replica_copies:
 
 
 def loss_bytes(cfg, micro_batch: int) -> float:
-    """The last stage's extra: the head's input (full: gathered under sequence parallel), for an RMSNorm family the
-    final norm's normalized tensor, and the fp32 logits and log-softmax of one micro-batch (vocabulary-sharded under
-    TP)."""
+    """The last stage's extra: the head's input (full: gathered under sequence parallel), the final norm's input (and
+    for an RMSNorm family its normalized tensor), and what the loss keeps until backward (loss_memory.py: the fp32 log-softmax of
+    one micro-batch, vocabulary-sharded under TP, or the chunked loss's gradients)."""
     m = cfg.model
     size = BYTES[cfg.precision.compute_dtype]
-    head_input = micro_batch * m.seq_len * m.d_model * size
-    if block_shape(m, m.n_layers - 1).rms_norm:  # sharded with the sequence under sequence parallel
-        sp = cfg.parallel.tp if cfg.parallel.sequence_parallel else 1
-        head_input += micro_batch * m.seq_len * m.d_model * size / sp
-    return head_input + 2 * 4 * micro_batch * m.seq_len * padded_vocab_size(m) / cfg.parallel.tp
+    tokens = micro_batch * m.seq_len
+    sp = cfg.parallel.tp if cfg.parallel.sequence_parallel else 1  # the final norm runs on sequence shards
+    head_input = tokens * m.d_model * size  # (the chunked loss keeps the hidden states' gradient instead)
+    norm_input = tokens * m.d_model * size / sp
+    if block_shape(m, m.n_layers - 1).rms_norm:
+        norm_input *= 2  # and its normalized tensor
+    return head_input + norm_input + loss_memory(cfg, micro_batch, cuda=False).saved
 
 
 def pipeline_buffer_bytes(cfg, stage: int, n_stages: int, micro: int, boundary_size: int | None = None) -> float:
     """torch.distributed.pipelining allocates a receive buffer per micro-batch for each stage's input (all but the
     first stage) and for its output's gradient (all but the last), and the last stage keeps every micro-batch's
-    output (the logits) until the step ends; the current one is counted in loss_bytes."""
+    output (each micro-batch's loss: a scalar, not counted) until the step ends."""
     if cfg.parallel.pp == 1:
         return 0.0
     m, p = cfg.model, cfg.parallel
     size = BYTES[cfg.precision.compute_dtype]
     boundary = (cfg.train.micro_batch_size * m.seq_len * m.d_model * (boundary_size or size)
                 / (p.tp if p.sequence_parallel else 1))
-    out = micro * boundary * ((stage > 0) + (stage < n_stages - 1))
-    if stage == n_stages - 1:
-        out += (micro - 1) * cfg.train.micro_batch_size * m.seq_len * padded_vocab_size(m) / p.tp * size
-    return out
+    return micro * boundary * ((stage > 0) + (stage < n_stages - 1))
 
 
 def backward_temporary_bytes(cfg, micro_batch: int) -> float:
@@ -346,7 +346,10 @@ def build_plan(cfg, peak_flops: float, memory_bytes: float | None, hw: dict) -> 
             rank_peaks[r] = max(moments.values())
         else:
             live = grads + acts if micro > 1 else max(grads, acts)  # a pipeline always has micro > 1
-            rank_peaks[r] = state + live + transient
+            # The loss's own short-lived tensors come before the blocks' backward, with every activation alive.
+            loss = loss_memory(local, t.micro_batch_size, cuda=False) if any(s.stage == len(stages) - 1
+                                                                              for s in held) else None
+            rank_peaks[r] = state + live + (max(transient, loss.forward, loss.backward) if loss else transient)
         for s in held:
             s.peak_bytes = rank_peaks[r]
     heaviest_rank = max(rank_peaks, key=rank_peaks.get)

@@ -22,8 +22,8 @@ def _batches_loss(trainer, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> 
         return trainer.run_pipeline(batches, train=False)
     total = torch.zeros((), device=trainer.device)
     for x, y in batches:
-        with trainer.model.loss_context(), trainer.autocast():
-            total += trainer.plain_loss(trainer.model.parts[0](x), y).float() / trainer.accum
+        with trainer.model.loss_context():
+            total += trainer.plain(trainer.model_loss(trainer.model.parts[0], x, y)).float() / trainer.accum
     return total
 
 

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 import psutil
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch.distributed.tensor import DTensor
 
@@ -161,12 +160,12 @@ class Trainer:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.compute_dtype)
 
-    def loss_fn(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Mean cross entropy in fp32; under TP the logits stay vocab-sharded (loss_parallel, no full gather)."""
-        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+    def model_loss(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The mean fp32 cross entropy of one micro-batch, computed by the model's head_loss (train.loss)."""
+        with self.autocast():
+            return model(x, targets=y)
 
-    def plain_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return plain(self.loss_fn(logits, targets))
+    plain = staticmethod(plain)
 
     def loss_factor(self) -> float:
         """What the LM loss is multiplied by before backward: the loss scale, over the micro-batches unless the
@@ -186,9 +185,7 @@ class Trainer:
             self.model.set_gradient_sync(m == self.accum - 1)
             measure = self.step == 0 and m == 0  # activation bytes of one micro-batch, for `plan`'s checks
             with self.model.loss_context(), (self.saved_activations if measure else contextlib.nullcontext()):
-                with self.autocast():
-                    logits = model(x)
-                loss = self.loss_fn(logits, y)
+                loss = self.model_loss(model, x, y)
                 self.scaler.scale_loss(loss / self.accum).backward()
             total += plain(loss.detach())
         return total / self.accum
@@ -209,10 +206,11 @@ class Trainer:
 
         run = self.model.pipeline.step if train else functools.partial(evaluate_schedule, self.model.pipeline)
         with self.model.loss_context(), self.autocast():
+            # `targets` reaches every stage's forward; the last stage's returns its micro-batch's loss.
             if self.model.has_first_stage:
-                run(x, target=y, losses=losses)
+                run(x, target=y, losses=losses, targets=y)
             else:
-                run(target=y, losses=losses)
+                run(target=y, losses=losses, targets=y)
         if self.model.has_last_stage:
             return torch.stack([plain(loss.detach()).float() for loss in losses]).mean() / scale
         return torch.zeros((), device=self.device)

@@ -19,7 +19,7 @@ LAYERS = [
     ("", "errors", "config", "configs", "model", "console", "closed_stdout", "extras", "slurm"),
     ("hardware", "rundir"),
     ("data",),
-    ("parallel",),
+    ("parallel", "loss"),
     ("checkpoint", "plan"),
     ("inference",),
     ("train",),

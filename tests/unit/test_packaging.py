@@ -11,7 +11,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 # Import name -> distribution name, where they differ.
-DISTRIBUTIONS = {"hydra": "hydra-core"}
+DISTRIBUTIONS = {"hydra": "hydra-core", "liger_kernel": "liger-kernel"}
 # Optional and not on PyPI: built from source by users, refused with a one-line hint when missing.
 BUILT_BY_USERS = {"apex"}
 

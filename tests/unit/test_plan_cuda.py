@@ -32,7 +32,7 @@ def test_cpu_keeps_its_own_model():
     cpu, cuda = planned(on_cpu), planned(MODEL + overrides)
     assert not any("CUDA autocast" in n for n in cpu.notes)
     assert any("CUDA autocast" in n for n in cuda.notes)
-    assert cpu.peak_bytes_per_rank < 0.85 * cuda.peak_bytes_per_rank
+    assert cpu.peak_bytes_per_rank < 0.9 * cuda.peak_bytes_per_rank
 
 
 def test_compile_keeps_less_than_eager():

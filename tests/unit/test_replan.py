@@ -94,7 +94,7 @@ def test_expert_parallel_is_kept_while_it_divides_dp_else_replanned():
 
 def test_a_layout_over_the_plans_memory_on_fewer_nodes_is_replanned():
     # gpt-1.3b, ZeRO-3 over dp 4 on 24 GiB A10s: fits; the same layout over dp 2 does not.
-    full = cfg("model=gpt-1.3b", "hardware=a10", "precision=bf16", "parallel.zero=3")
+    full = cfg("model=gpt-1.3b", "hardware=a10", "precision=bf16", "parallel.zero=3", "train.loss=full")
     assert _peak_fits(full) and not _peak_fits(same_layout(full, 1))
     assert replan(full, 1) == StartShape(1, {"cluster.nnodes": 1, "parallel.dp": 2, "parallel.zero": 2,
                                              "train.micro_batch_size": 1}, "re-planned")
