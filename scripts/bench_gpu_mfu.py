@@ -10,12 +10,8 @@ hardware=auto ...` with log_interval=1, no eval and no checkpoint, then reads RU
   (H100/H200: 989 TFLOPS), or --peak-tflops;
 - the median of the trainer's own `mfu` field too, when metrics.jsonl has one (they should agree).
 
-Memory at the default micro batch 4 x seq 2048 (2 micro-batches per step, 16k tokens): gpt-1.3b has 1.32B
-parameters (16 x 128-dim heads), so ~21 GB of fp32 weights, grads and AdamW state (16 bytes/param) + ~16 GB of
-activations and fp32 logits (`llmtrain plan` with these overrides and hardware=h100: 34.8 GiB): fits an 80 GB H100
-without recompute; raise --micro (or add --recompute selective) on a 141 GB H200. 30 steps of ~0.3 s (plan's
-estimate at 50% MFU: 0.28 s); with start-up (the model is initialized on the host) the script should take ~2-3
-minutes.
+Both MFU lines name the peak they are against (`MFU (this script) N% of 989 TFLOPS bf16`). `llmtrain plan` with the
+same overrides gives the run's memory before it starts; raise --micro (or add --recompute selective) where it fits.
 
   python scripts/bench_gpu_mfu.py [--micro 4] [--global-batch 8] [--steps 30] [--skip 10] [--recompute none]
 """
@@ -109,9 +105,10 @@ def main() -> int:
     print(f"  tokens/s          {tps:,.0f}")
     print(f"  step time         {statistics.median(r['step_time_s'] for r in rows):.3f} s")
     print(f"  model TFLOPS/GPU  {fpt * tps / world / 1e12:,.1f}")
-    print(f"  MFU (this script) {mfu:.1%}")
-    if all("mfu" in r for r in rows):
-        print(f"  MFU (metrics)     {statistics.median(r['mfu'] for r in rows):.1%}")
+    print(f"  MFU (this script) {mfu:.1%} of {peak / 1e12:,.0f} TFLOPS bf16")
+    if all("mfu" in r and "peak_tflops" in r for r in rows):  # the trainer's, against the peak it recorded
+        print(f"  MFU (metrics)     {statistics.median(r['mfu'] for r in rows):.1%} of "
+              f"{rows[-1]['peak_tflops']:,.0f} TFLOPS bf16")
     if any("mem_gib" in r for r in rows):
         print(f"  peak memory       {max(r.get('mem_gib', 0) for r in rows):.1f} GiB (max allocated)")
     return 0

@@ -51,5 +51,5 @@ def part_long(p: Part) -> tuple[str, str]:
             f"{PEAK_TOLERANCE:.0%})" if measured else "no measured peak")
     return ("PASS" if ok else "FAIL"), (
         f"{name}, the plan's layout for {math.floor(gib)} GiB: {' '.join(layout)}: {figures['tokens_per_s']:,.0f} "
-        f"tok/s (plan {plan['tokens_per_s']:,.0f}), {mfu_text(figures['mfu'])}; {peak}; "
+        f"tok/s (plan {plan['tokens_per_s']:,.0f}), {mfu_text(figures)}; {peak}; "
         f"{len(losses)} of {steps} steps{'' if finite else ', a loss not finite'}")

@@ -49,4 +49,4 @@ def part_moe(p: Part) -> tuple[str, str]:
 
 
 def _speed(figures: dict) -> str:
-    return f"{figures['tokens_per_s']:,.0f} tok/s, {mfu_text(figures['mfu'])}"
+    return f"{figures['tokens_per_s']:,.0f} tok/s, {mfu_text(figures)}"

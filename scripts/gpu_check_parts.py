@@ -1,16 +1,17 @@
 """The parts of scripts/gpu_check.sh, one per call, and the summary table they add up to.
 
-  python scripts/gpu_check_parts.py PART --out DIR [--device cuda|cpu] [--log FILE]
+  python scripts/gpu_check_parts.py PART --out DIR [--device cuda|cpu] [--log FILE] [--limit SECONDS]
   python scripts/gpu_check_parts.py summary --out DIR
-  python scripts/gpu_check_parts.py plan [--long] [--parts LIST] [--deadline S] [--device cuda|cpu]
+  python scripts/gpu_check_parts.py plan [--long [1|2]] [--parts LIST] [--deadline S] [--device cuda|cpu] [--shell]
 
 A part runs its llmtrain launches (and scripts) as subprocesses, reads their figures from each run's
 metrics.jsonl and logs/rank0.status, and writes DIR/results/PART.json: {part, title, status (PASS, FAIL or
-SKIP), detail, log}. A part that dies or times out writes nothing; gpu_check.sh then records it as FAIL (TIMEOUT
-when the check's deadline stopped it).
+SKIP), detail, log}. At --limit the part stops at once with every process it started, without a checkpoint
+(gpu_check_stop.py), and exits 124; a part that dies or times out writes nothing, and gpu_check.sh records it as
+FAIL (TIMEOUT when the check's deadline stopped it).
 `--device cpu` is the dry mode: the same logic with tiny models and a few steps, so the script itself is tested
-without a GPU (its figures mean nothing). `plan` prints what gpu_check.sh runs: the check's deadline (seconds from
-its start), then each part with its time limit.
+without a GPU (its figures mean nothing). `plan` prints what gpu_check.sh runs (gpu_check_plan.py): each part with
+its time limit, measured or estimated, and the check's deadline.
 """
 
 from __future__ import annotations
@@ -26,6 +27,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # this checkout's llmtrain
+sys.path.insert(0, str(REPO / "scripts"))  # the check's other modules, also when this one is loaded by path
+
+from gpu_check_plan import plan_main, where_run  # noqa: E402
+from gpu_check_stop import arm, halt_if_stopping, stop_on_signals  # noqa: E402
 
 TITLES = {
     "smoke": "1 smoke run (gpt-tiny)",
@@ -37,27 +42,14 @@ TITLES = {
     "async_save": "7 async checkpoint save vs sync",
     "apex": "8 apex FusedAdam (optim.fused=apex)",
     "fp8": "9 fp8 (torchao float8) vs bf16, compiled",
-    "llama": "10 llama3-1b bf16 tokens/s and MFU, fp8 vs bf16",
+    "llama": "10 llama3-1b bf16 tokens/s and MFU, fp8 recipes vs bf16",
     "tune": "11 llmtrain tune (top 3): the winner's MFU vs the defaults'",
     "moe": "12 MoE (OLMoE shape, 4 layers) bf16 tokens/s and MFU, grouped vs loop",
     "long": "13 llama3-1b at seq 8192, the plan's layout: tokens/s, MFU, peak / plan",
 }
-# Each part's time limit on one H200, in seconds, its first compile included (estimates: not yet measured on a
-# GPU). The default parts and the script's own start-up fit DEADLINE_S: an 8-minute GPU loan less ~90 s for the
-# machine's start and the transfers. The other parts are opt-in (--long, --parts).
-BUDGET_S = {"smoke": 60, "throughput": 150, "memory": 60, "resume": 90, "plain": 150, "fp16": 120,
-            "async_save": 150, "apex": 120, "fp8": 330, "llama": 330, "tune": 240, "moe": 150,
-            "long": 150}
-DEFAULT_PARTS = ("smoke", "throughput", "memory", "resume")
-DEADLINE_S = 390
-LONG_SLACK_S = 30  # --long: the deadline is the sum of the limits plus this (start-up, summary)
-CPU_FACTOR = 3  # the dry mode's limits and deadline: 2 shared cores run the tiny models slower than a GPU
 PEAK_TOLERANCE = 0.10  # |predicted / measured - 1| for the memory part
 LOSS_TOLERANCE = 1e-3  # relative loss difference of runs that should agree (CUDA kernels may use atomics)
 MIN_PLAIN_RATIO = 0.95  # llmtrain tokens/s / plain loop tokens/s on a GPU
-FP8_STEPS = 30  # enough for the loss to fall well below its start, so agreeing losses mean something
-FP8_LOSS_TOLERANCE = 0.01  # relative difference of fp8's and bf16's loss at the last step
-MIN_FP8_SPEEDUP = 1.0  # fp8 tokens/s / bf16 tokens/s, both compiled
 
 
 class Sizes:
@@ -77,6 +69,7 @@ class Sizes:
         self.tiny = ["model=gpt-tiny"] if gpu else ["model=gpt-tiny", "model.n_layers=2", "model.seq_len=32"]
         # On CPU the peak's profiler (steps 1-2) leaves the next few steps slow: skip them too.
         self.steps, self.skip = (15, 5) if gpu else (10, 7)
+        self.smoke_steps = 20 if gpu else 6  # enough for the loss to fall; the CPU's dry mode only needs the logic
         # Fastest settings beyond the layout: compile costs ~50 s of start-up, too slow for the CPU dry mode.
         self.fast_extra = ["optim.fused=torch", "train.compile=true"] if gpu else ["optim.fused=torch"]
         # On CPU the peak needs the profiler (profile.memory); CUDA always records max_memory_allocated.
@@ -104,13 +97,22 @@ class Part:
 
             shutil.rmtree(run_dir)
         argv = [sys.executable, "-m", "llmtrain", "launch", f"run.dir={run_dir}", *self.sizes.common(), *overrides]
+        code = self.run(argv).returncode
+        if code:
+            raise RuntimeError(f"llmtrain launch {name} failed (exit {code}); see {run_dir}/logs")
+        return run_dir
+
+    def run(self, argv: list[str], capture: bool = False, env: dict | None = None) -> subprocess.CompletedProcess:
+        """A command of this part (its output into the part's log, or captured as text), timed in the log."""
+        halt_if_stopping()
         print("$ " + " ".join(argv), flush=True)
         start = time.perf_counter()
-        proc = subprocess.run(argv, cwd=REPO, stdout=sys.stdout, stderr=sys.stderr)
-        print(f"({time.perf_counter() - start:.0f} s, exit {proc.returncode})", flush=True)
-        if proc.returncode:
-            raise RuntimeError(f"llmtrain launch {name} failed (exit {proc.returncode}); see {run_dir}/logs")
-        return run_dir
+        proc = subprocess.run(argv, cwd=REPO, env=env, stdout=subprocess.PIPE if capture else sys.stdout,
+                              stderr=sys.stderr, text=True)
+        halt_if_stopping()  # it was killed by the part's stop: the exit comes
+        print(f"{proc.stdout if capture else ''}({time.perf_counter() - start:.0f} s, exit {proc.returncode})",
+              flush=True)
+        return proc
 
     def reuse_or_launch(self, name: str, overrides: list[str], steps: int) -> Path:
         """A run another part already made with these settings (when it finished), else a new one."""
@@ -144,21 +146,41 @@ def peak_bytes(run_dir: Path) -> int | None:
 
 def steady(run_dir: Path, skip: int) -> dict:
     """Medians over the steps after `skip`: tokens/s, MFU (the trainer's, against its hardware's dense peak; None
-    when a row has none to show: no known peak, as on a CPU)."""
-    from llmtrain.rundir.mfu_field import shown_mfu
+    when a row has none to show: no known peak, as on a CPU), that peak (TFLOPS) and the compute dtype."""
+    from llmtrain.rundir.mfu_field import PEAK_KEY, shown_mfu
 
     rows = [r for r in train_rows(run_dir) if "tokens_per_s" in r and r["step"] > skip]
     if not rows:
         raise RuntimeError(f"{run_dir}/metrics.jsonl has no steps after {skip}")
     mfus = [shown_mfu(r) for r in rows]
+    shown = None not in mfus
     return {"tokens_per_s": statistics.median(r["tokens_per_s"] for r in rows),
-            "mfu": statistics.median(mfus) if None not in mfus else None,
+            "mfu": statistics.median(mfus) if shown else None,
+            "peak_tflops": rows[-1][PEAK_KEY] if shown else None, "dtype": compute_dtype(run_dir),
             "step_time_s": statistics.median(r["step_time_s"] for r in rows)}
 
 
-def mfu_text(mfu: float | None) -> str:
-    """A steady MFU as the figures show it: only against a known peak."""
-    return f"MFU {mfu:.1%}" if mfu is not None else "MFU not shown (no known peak)"
+SHORT_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+
+
+def compute_dtype(run_dir: Path) -> str | None:
+    """The run's precision.compute_dtype (its config.yaml), as MFU's peak names it: bf16, fp16, fp32."""
+    import yaml
+
+    try:
+        dtype = yaml.safe_load((run_dir / "config.yaml").read_text())["precision"]["compute_dtype"]
+    except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError):
+        return None
+    return SHORT_DTYPES.get(dtype, dtype)
+
+
+def mfu_text(figures: dict) -> str:
+    """A steady MFU as the figures show it: only against a known peak, which it names (`MFU 46.2% of 989 TFLOPS
+    bf16`)."""
+    if figures["mfu"] is None:
+        return "MFU not shown (no known peak)"
+    dtype = f" {figures['dtype']}" if figures.get("dtype") else ""
+    return f"MFU {figures['mfu']:.1%} of {figures['peak_tflops']:,.0f} TFLOPS{dtype}"
 
 
 def size(n: float) -> str:
@@ -189,6 +211,7 @@ def device_memory_gib(device: str) -> float:
 def suggest_plans(overrides: list[str], gib: float) -> list[dict]:
     """The single-device plans `llmtrain plan --suggest 1 GIB --json` ranks, fastest first ([]: none fits)."""
     argv = [sys.executable, "-m", "llmtrain", "plan", *overrides, "--suggest", "1", str(math.floor(gib)), "--json"]
+    halt_if_stopping()
     proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True)
     print("$ " + " ".join(argv) + f"\n(exit {proc.returncode})", flush=True)
     try:
@@ -209,10 +232,11 @@ def suggested(overrides: list[str], gib: float) -> list[str] | None:
 
 # ---- the parts -----------------------------------------------------------------------------------------------------
 def part_smoke(p: Part) -> tuple[str, str]:
-    run = p.launch("smoke", [*p.sizes.tiny, "train.max_steps=20", "train.warmup_steps=2"])
+    steps = p.sizes.smoke_steps
+    run = p.launch("smoke", [*p.sizes.tiny, f"train.max_steps={steps}", "train.warmup_steps=2"])
     losses = [r["loss"] for r in train_rows(run)]
-    ok = len(losses) == 20 and all(math.isfinite(v) for v in losses) and losses[-1] < losses[0]
-    return ("PASS" if ok else "FAIL"), f"20 steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}"
+    ok = len(losses) == steps and all(math.isfinite(v) for v in losses) and losses[-1] < losses[0]
+    return ("PASS" if ok else "FAIL"), f"{steps} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}"
 
 
 def part_throughput(p: Part) -> tuple[str, str]:
@@ -224,9 +248,9 @@ def part_throughput(p: Part) -> tuple[str, str]:
     batch = fast_batch if layout else [*s.big, *s.batch(s.micro)]  # the larger micro-batch only if it fits
     fast = steady(p.launch("big-fastest", [*batch, *settings, f"train.max_steps={s.steps}"]), s.skip)
     micro = s.fast_micro if layout else s.micro
-    return "PASS", (f"defaults (micro {s.micro}): {base['tokens_per_s']:,.0f} tok/s, {mfu_text(base['mfu'])}; "
+    return "PASS", (f"defaults (micro {s.micro}): {base['tokens_per_s']:,.0f} tok/s, {mfu_text(base)}; "
                     f"fastest (micro {micro}, {' '.join(settings)}): {fast['tokens_per_s']:,.0f} tok/s, "
-                    f"{mfu_text(fast['mfu'])}")
+                    f"{mfu_text(fast)}")
 
 
 def max_relative_difference(a: list[float], b: list[float]) -> float:
@@ -242,8 +266,8 @@ def part_plain(p: Part) -> tuple[str, str]:
     kernel = [] if s.device == "cuda" else ["--no-fused"]
     argv = [sys.executable, str(REPO / "scripts" / "plain_loop.py"), "--steps", str(s.steps), "--skip", str(s.skip),
             "--out", str(result), *kernel, *s.big, *s.batch(s.micro), *s.common()]
-    print("$ " + " ".join(argv), flush=True)
-    subprocess.run(argv, cwd=REPO, stdout=sys.stdout, stderr=sys.stderr, check=True)
+    if p.run(argv).returncode:
+        raise RuntimeError("scripts/plain_loop.py failed")
     plain = json.loads(result.read_text())
     ratio = ours["tokens_per_s"] / plain["tokens_per_s"]
     floor = MIN_PLAIN_RATIO if s.device == "cuda" else 0.0  # CPU dry mode: the logic, not the figure
@@ -310,8 +334,7 @@ def part_async_save(p: Part) -> tuple[str, str]:
         ["--model", "gpt-tiny", "--seq", "64", "--warmup", "1", "--baseline", "1"]
     argv = [sys.executable, str(REPO / "scripts" / "bench_async_save.py"), *model, "--repeats", "2",
             "--device", s.device, "--workdir", str(p.out), "--json", str(result)]
-    print("$ " + " ".join(argv), flush=True)
-    subprocess.run(argv, cwd=REPO, stdout=sys.stdout, stderr=sys.stderr)  # exit 1: target missed, still measured
+    p.run(argv)  # exit 1: target missed, still measured
     r = json.loads(result.read_text())
     target = "met" if r["blocked_fraction"] <= 0.10 else "missed"
     return "PASS", (f"sync save {r['sync_s']:.2f} s; async blocks {r['blocked_s']:.2f} s = "
@@ -334,39 +357,9 @@ def part_apex(p: Part) -> tuple[str, str]:
 
 
 def part_fp8(p: Part) -> tuple[str, str]:
-    """gpt-1.3b with train.compile=true in bf16 and in fp8: tokens/s, and the two runs' losses compared by
-    llmtrain's own comparison (`llmtrain compare`, and its divergence function for the figures)."""
-    from llmtrain.config import compose_config
-    from llmtrain.launch.config_probes import fp8_problem
-    from llmtrain.report.compare import divergence, load_runs
+    from gpu_check_fp8 import part_fp8 as run  # its own module, as llama's
 
-    s = p.sizes
-    base = [o for o in s.big if not o.startswith("precision=")]
-    base += [*s.batch(s.micro), "optim.fused=torch", "train.compile=true", f"train.max_steps={FP8_STEPS}",
-             "train.warmup_steps=5"]
-    problem = fp8_problem(compose_config([*base, "precision=fp8", *s.common()]))
-    if problem:  # the CPU dry mode, a GPU below compute capability 8.9, no torchao
-        return "SKIP", problem
-    runs = {name: p.launch(f"fp8-{name}", [*base, f"precision={name}"]) for name in ("bf16", "fp8")}
-    argv = [sys.executable, "-m", "llmtrain", "compare", str(runs["bf16"]), str(runs["fp8"])]
-    print("$ " + " ".join(argv), flush=True)
-    subprocess.run(argv, cwd=REPO, stdout=sys.stdout, stderr=sys.stderr)  # the step-by-step table, into the log
-    (bf16, fp8), _ = load_runs([str(runs["bf16"]), str(runs["fp8"])])
-    a, b = bf16.series("loss"), fp8.series("loss")
-    common, worst, worst_diff = divergence(a, b)
-    if not common or common[-1] != FP8_STEPS:
-        return "FAIL", f"steps logged in common: {common}"
-    last = common[-1]
-    apart = abs(b[last] - a[last]) / a[last]
-    fell = a[common[0]] - a[last]
-    speed = {name: steady(run, s.skip)["tokens_per_s"] for name, run in runs.items()}
-    ratio = speed["fp8"] / speed["bf16"]
-    ok = apart <= FP8_LOSS_TOLERANCE and fell > 1.0 and ratio >= MIN_FP8_SPEEDUP
-    return ("PASS" if ok else "FAIL"), (
-        f"gpt-1.3b micro {s.micro}, compiled: fp8 {speed['fp8']:,.0f} / bf16 {speed['bf16']:,.0f} tok/s = "
-        f"{ratio:.3f}x (pass >= {MIN_FP8_SPEEDUP:g}); loss at step {last}: fp8 {b[last]:.4f}, bf16 {a[last]:.4f}, "
-        f"{apart:.2%} apart (pass <= {FP8_LOSS_TOLERANCE:.0%}; bf16 fell {fell:.2f} from step 1; largest "
-        f"divergence {worst_diff:.3e} at step {worst})")
+    return run(p)
 
 
 def part_llama(p: Part) -> tuple[str, str]:
@@ -400,27 +393,12 @@ PARTS = {"smoke": part_smoke, "throughput": part_throughput, "plain": part_plain
 
 
 def record(out: Path, part: str, status: str, detail: str, log: str) -> None:
+    halt_if_stopping()  # a part stopped at its limit has no row: gpu_check.sh writes it
     (out / "results").mkdir(parents=True, exist_ok=True)
     row = {"part": part, "title": TITLES[part], "status": status, "detail": detail, "log": log}
-    (out / "results" / f"{part}.json").write_text(json.dumps(row) + "\n")
-
-
-def plan(parts: str | None, long: bool, deadline: float | None, device: str) -> tuple[float, list[tuple[str, float]]]:
-    """(the check's deadline in seconds from its start, [(part, time limit in seconds)] in order). `parts`: names,
-    each with an optional `:SECONDS`, separated by commas or spaces."""
-    factor = CPU_FACTOR if device == "cpu" else 1
-    chosen = []
-    for entry in (parts or " ".join(BUDGET_S if long else DEFAULT_PARTS)).replace(",", " ").split():
-        name, _, limit = entry.partition(":")
-        if name not in BUDGET_S:
-            raise SystemExit(f"gpu_check: unknown part {name!r} in --parts; the parts: {', '.join(BUDGET_S)}")
-        try:
-            chosen.append((name, float(limit) if limit else BUDGET_S[name] * factor))
-        except ValueError:
-            raise SystemExit(f"gpu_check: --parts {entry}: the time limit must be seconds") from None
-    if deadline is None:
-        deadline = sum(limit for _, limit in chosen) + LONG_SLACK_S * factor if long else DEADLINE_S * factor
-    return deadline, chosen
+    tmp = out / "results" / f".{part}.json"
+    tmp.write_text(json.dumps(row) + "\n")
+    tmp.replace(out / "results" / f"{part}.json")  # whole or not at all, also when the limit falls meanwhile
 
 
 def summary(out: Path) -> str:
@@ -430,22 +408,9 @@ def summary(out: Path) -> str:
     for part, title in TITLES.items():
         path = out / "results" / f"{part}.json"
         row = json.loads(path.read_text()) if path.exists() else \
-            {"status": "NOT RUN", "detail": "not asked for (--long or --parts runs it)", "log": ""}
+            {"status": "NOT RUN", "detail": f"not asked for ({where_run(part)} runs it)", "log": ""}
         lines.append(f"| {title} | {row['status']} | {row['detail']} | {row['log']} |")
     return "\n".join(lines) + "\n"
-
-
-def plan_main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="gpu_check_parts.py plan")
-    ap.add_argument("--long", action="store_true", help="every part, with a deadline that fits them all")
-    ap.add_argument("--parts", default=None, help="NAME[:SECONDS],... to run, in this order")
-    ap.add_argument("--deadline", type=float, default=None, help="seconds from the check's start")
-    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    a = ap.parse_args(argv)
-    deadline, chosen = plan(a.parts, a.long, a.deadline, a.device)
-    print(f"{deadline:g}")
-    print(" ".join(f"{name}:{limit:g}" for name, limit in chosen))
-    return 0
 
 
 def main() -> int:
@@ -456,12 +421,16 @@ def main() -> int:
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--log", default="", help="this part's log, named in its row")
+    ap.add_argument("--limit", type=float, default=None, help="seconds: then stop at once, exit 124 (no row)")
     a = ap.parse_args()
     if a.part == "summary":
         text = summary(a.out)
         (a.out / "summary.md").write_text(text)
         print(text, end="")
         return 0
+    stop_on_signals(a.part)
+    if a.limit is not None:
+        arm(a.limit, a.part)
     try:
         status, detail = PARTS[a.part](Part(a.out, Sizes(a.device)))
     except Exception as e:  # the row says what failed; the traceback is in the log

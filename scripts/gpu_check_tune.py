@@ -6,11 +6,9 @@ Kept apart from gpu_check_parts.py, which calls `part_tune` lazily (the two modu
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
-import time
 
-from gpu_check_parts import REPO, Part, mfu_text, steady
+from gpu_check_parts import Part, mfu_text, steady
 
 TOP, STEPS = 3, 10
 WARMUP = 3  # the tune's own warm-up at 10 steps: its medians are over steps 4-10
@@ -23,10 +21,7 @@ def part_tune(p: Part) -> tuple[str, str]:
     env = dict(os.environ, LLMTRAIN_CACHE=str(p.out / "tune-cache"))
     argv = [sys.executable, "-m", "llmtrain", "tune", f"run.dir={tune_dir}", *s.common(), *s.big, *s.batch(s.micro),
             "--top", str(TOP), "--steps", str(STEPS), "--no-refine"]  # compiling 1.3B would not fit the part's time
-    print("$ " + " ".join(argv), flush=True)
-    start = time.perf_counter()
-    proc = subprocess.run(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=sys.stderr, text=True)
-    print(proc.stdout + f"({time.perf_counter() - start:.0f} s, exit {proc.returncode})", flush=True)
+    proc = p.run(argv, capture=True, env=env)
     if proc.returncode:
         raise RuntimeError(f"llmtrain tune failed (exit {proc.returncode}); see {tune_dir}")
     winner = next(line.split("fastest measured: ", 1)[1].split(" ", 1)[0] for line in proc.stdout.splitlines()
@@ -35,5 +30,5 @@ def part_tune(p: Part) -> tuple[str, str]:
     base = steady(p.defaults_run(), s.skip)
     calibrated = next((line.split("the plan is now ", 1)[1] for line in proc.stdout.splitlines()
                        if "the plan is now " in line), "not calibrated")
-    return "PASS", (f"winner {winner}: {best['tokens_per_s']:,.0f} tok/s, {mfu_text(best['mfu'])}; defaults "
-                    f"(micro {s.micro}): {base['tokens_per_s']:,.0f} tok/s, {mfu_text(base['mfu'])}; {calibrated}")
+    return "PASS", (f"winner {winner}: {best['tokens_per_s']:,.0f} tok/s, {mfu_text(best)}; defaults "
+                    f"(micro {s.micro}): {base['tokens_per_s']:,.0f} tok/s, {mfu_text(base)}; {calibrated}")

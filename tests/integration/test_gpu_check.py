@@ -1,5 +1,6 @@
-"""scripts/gpu_check.sh without a GPU: its default parts fit its deadline, the deadline stops it cleanly (a part past
-it is skipped, a running one is stopped), and its CPU dry mode runs every part's logic with tiny models."""
+"""scripts/gpu_check.sh without a GPU: a part's limit and the check's deadline stop it cleanly and at once (a part
+past the deadline is skipped, a running one is stopped without a checkpoint), and its CPU dry mode runs a real part
+end to end. Each part's logic: tests/unit/test_gpu_check_parts.py; the plan: tests/unit/test_gpu_check_plan.py."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
-import yaml
 from conftest import REPO, wait_for, worker_processes
 
 
@@ -44,23 +45,6 @@ def rows(out) -> dict[str, list[str]]:
     return table
 
 
-def test_the_default_parts_fit_the_deadline_and_the_deadline_an_8_minute_loan():
-    m = parts_module()
-    assert sum(m.BUDGET_S[p] for p in m.DEFAULT_PARTS) <= m.DEADLINE_S <= 8 * 60 - 90
-    assert set(m.BUDGET_S) == set(m.TITLES) and "fp8" not in m.DEFAULT_PARTS  # the long parts are opt-in
-    assert "moe" not in m.DEFAULT_PARTS and m.BUDGET_S["moe"] <= 150
-    assert "long" not in m.DEFAULT_PARTS and m.BUDGET_S["long"] <= 150
-    # What gpu_check.sh runs is what `plan` prints: by default those parts, with those limits.
-    plan = subprocess.run(["python3", str(REPO / "scripts" / "gpu_check_parts.py"), "plan"], capture_output=True,
-                          text=True, check=True).stdout.splitlines()
-    assert plan == ["390", "smoke:60 throughput:150 memory:60 resume:90"]
-    deadline, chosen = m.plan(None, True, None, "cuda")
-    assert [p for p, _ in chosen] == list(m.BUDGET_S) and deadline >= sum(limit for _, limit in chosen)
-    assert m.plan("fp8,smoke:5", False, None, "cpu") == (390 * 3, [("fp8", 330 * 3), ("smoke", 5.0)])
-    with pytest.raises(SystemExit, match="unknown part 'fp9' in --parts"):
-        m.plan("fp9", False, None, "cuda")
-
-
 def test_a_part_that_times_out_is_a_fail_row_with_its_log(tmp_path):
     out = tmp_path / "check"
     result = run_check(out, parts="smoke:0.1 fp8:30", timeout=120)
@@ -68,10 +52,12 @@ def test_a_part_that_times_out_is_a_fail_row_with_its_log(tmp_path):
     table, t = rows(out), titles()
     assert set(table) == set(t.values())
     status, figures, log = table[t["smoke"]]
-    assert status == "FAIL" and "timed out after 0.1 s" in figures and log == str(out / "logs" / "smoke.log")
-    assert os.path.exists(log)
+    assert status == "FAIL" and figures == "timed out after 0.1 s (stopped at once, no checkpoint)"
+    assert log == str(out / "logs" / "smoke.log") and "smoke reached its limit of 0.1 s" in open(log).read()
     assert table[t["fp8"]][0] == "SKIP"
-    assert table[t["memory"]] == ["NOT RUN", "not asked for (--long or --parts runs it)", ""]
+    assert table[t["memory"]] == ["NOT RUN", "not asked for (the default run runs it)", ""]
+    assert table[t["llama"]] == ["NOT RUN", "not asked for (--long 1 runs it)", ""]
+    assert table[t["apex"]] == ["NOT RUN", "not asked for (--parts apex runs it)", ""]
 
 
 def test_a_part_past_the_deadline_is_skipped_and_named(tmp_path):
@@ -84,72 +70,103 @@ def test_a_part_past_the_deadline_is_skipped_and_named(tmp_path):
     assert table[t["resume"]][0] == "NOT RUN" and (out / "summary.md").read_text() in result.stdout
 
 
-@pytest.mark.slow
 def test_a_running_part_is_stopped_at_the_deadline_and_the_summary_written(tmp_path):
     out = tmp_path / "check"
     start = time.monotonic()
-    result = run_check(out, "--parts", "resume,memory", "--deadline", "12", timeout=300)
+    result = run_check(out, "--parts", "smoke,memory", "--deadline", "4", timeout=120)
     took = time.monotonic() - start
     assert result.returncode == 0, result.stderr
     table, t = rows(out), titles()
-    status, figures, log = table[t["resume"]]
-    if "resume skipped" in result.stdout:  # the script's own start took the whole 12 s on a loaded machine
+    status, figures, log = table[t["smoke"]]
+    if "smoke skipped" in result.stdout:  # the script's own start took the whole 4 s on a loaded machine
         assert status == "SKIP"
-    else:  # resume's three launches take far longer than 12 s: stopped at the deadline, not at its own limit
-        assert status == "TIMEOUT" and figures.startswith("stopped at the check's deadline of 12 s, after running ")
-        assert log == str(out / "logs" / "resume.log")
-    assert table[t["memory"]] == ["SKIP", "not started: past the check's deadline of 12 s", ""]
-    assert took < 12 + 10 + 30, took  # the deadline, the launcher's 10 s to stop, the summary
-    runs = list((out / "runs").glob("*"))
-    assert wait_for(lambda: not any(worker_processes(run) for run in runs), timeout=30)  # nothing left running
-
-
-@pytest.fixture(scope="module")
-def dry_run_of_every_part(tmp_path_factory):
-    """One `--long` dry run on CPU (every part, the tune included), shared by the checks below."""
-    out = tmp_path_factory.mktemp("dry") / "check"
-    return out, run_check(out, "--long")
+    else:  # smoke's launch takes far longer than 4 s: stopped at the deadline, not at its own limit
+        assert status == "TIMEOUT", (figures, open(log).read()[-2000:])
+        assert re.fullmatch(r"stopped at the check's deadline of 4 s, after running [\d.]+ s \(no checkpoint\)",
+                            figures), figures
+        assert log == str(out / "logs" / "smoke.log")
+    assert table[t["memory"]] == ["SKIP", "not started: past the check's deadline of 4 s", ""]
+    assert took < 4 + 10, took  # no grace for a checkpoint: the deadline, the kill, the summary
+    assert not any(worker_processes(run) for run in (out / "runs").glob("*"))  # nothing left running
 
 
 @pytest.mark.slow
-def test_dry_mode_runs_every_part_on_cpu(dry_run_of_every_part):
-    out, result = dry_run_of_every_part
+def test_dry_mode_runs_a_real_part_end_to_end(tmp_path):
+    """One real launch through the whole script (the parts' logic is tested with stand-in launches in
+    tests/unit/test_gpu_check_parts.py)."""
+    out = tmp_path / "check"
+    result = run_check(out, "--parts", "smoke,apex", timeout=300)
     assert result.returncode == 0, result.stderr
     assert (out / "summary.md").read_text() in result.stdout
     table, t = rows(out), titles()
-    assert set(table) == set(t.values())
-    skipped = {t["apex"], t["fp8"]}  # apex needs CUDA; fp8 is a placeholder
-    for title, (status, figures, log) in table.items():
-        assert status == ("SKIP" if title in skipped else "PASS"), (title, status, figures, open(log).read()[-3000:])
-    # A CPU has no known peak: the parts that report MFU say it is not shown, never a made-up figure.
-    for part in ("throughput", "llama", "tune", "moe", "long"):
-        figures = table[t[part]][1]
-        assert "MFU not shown (no known peak)" in figures and "nan" not in figures, (part, figures)
+    status, figures, log = table[t["smoke"]]
+    assert status == "PASS", (figures, open(log).read()[-3000:])
+    assert re.fullmatch(r"6 steps, loss [\d.]+ -> [\d.]+", figures), figures
+    assert table[t["apex"]][:2] == ["SKIP", "apex needs CUDA"]
+
+
+def launched_for(run) -> list[psutil.Process]:
+    """The launcher, agent, torchrun and workers of a run (each names the run's directory)."""
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        if any(str(run) in arg for arg in p.info["cmdline"] or []) and p.pid != os.getpid():
+            found.append(p)
+    return found
+
+
+STOPPED_PART = """
+import sys, threading, time
+from pathlib import Path
+scripts, out, limit = sys.argv[1], Path(sys.argv[2]), float(sys.argv[3])
+sys.path.insert(0, scripts)
+import gpu_check_parts as g
+from gpu_check_stop import arm
+
+metrics = out / "runs" / "endless" / "metrics.jsonl"
+
+
+def endless(p):  # trains until stopped, and would checkpoint at the end or on a preemption signal
+    p.launch("endless", [*p.sizes.tiny, "train.max_steps=100000", "checkpoint.at_end=true",
+                         "checkpoint.interval_minutes=0"])
+    return "PASS", "finished"
+
+
+def limit_once_training():  # the limit falls while the workers train, as a part's limit does on a GPU
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
+        time.sleep(0.1)
+    print(f"limit armed at {time.time()}", flush=True)
+    arm(limit, "endless")
+
+
+g.PARTS["smoke"] = endless
+threading.Thread(target=limit_once_training, daemon=True).start()
+sys.argv = [sys.argv[0], "smoke", "--out", str(out), "--device", "cpu"]
+sys.exit(g.main())
+"""
 
 
 @pytest.mark.slow
-def test_dry_mode_tune_part_reports_the_winner_against_the_defaults(dry_run_of_every_part):
-    out, result = dry_run_of_every_part
-    assert result.returncode == 0, result.stderr
-    status, figures, log = rows(out)[titles()["tune"]]
-    assert status == "PASS", (figures, open(log).read()[-3000:])
-    assert figures.startswith("winner dp1-tp1-pp1-") and "; defaults (micro 2): " in figures
-    assert "calibrated from 3 trials on cpu, " in figures
-    assert len(list((out / "runs" / "tune" / "trials").glob("*.json"))) == 3
-
-
-@pytest.mark.slow
-def test_dry_mode_moe_part_runs_the_grouped_kernel_and_the_loop(dry_run_of_every_part):
-    out, result = dry_run_of_every_part
-    assert result.returncode == 0, result.stderr
-    status, figures, log = rows(out)[titles()["moe"]]
-    assert status == "PASS", (figures, open(log).read()[-3000:])
-    speed = r"[\d,]+ tok/s, MFU not shown \(no known peak\)"
-    assert re.fullmatch(rf"moe-tiny x 2 layers, micro 2: grouped {speed}; loop {speed}; grouped / loop [\d.]+x; "
-                        r"step-1 losses [\d.e+-]+ apart \(pass <= 0.01\); losses fell over 10 steps", figures), figures
-    for mode in ("on", "off"):  # each run got its setting
-        config = yaml.safe_load((out / "runs" / f"moe-grouped-{mode}" / "config.yaml").read_text())
-        assert config["model"]["moe"]["grouped_mm"] == mode
+def test_a_part_stopped_at_its_limit_saves_no_checkpoint_and_ends_at_once(tmp_path):
+    driver = tmp_path / "stopped_part.py"
+    driver.write_text(STOPPED_PART)
+    out = tmp_path / "check"
+    run = out / "runs" / "endless"
+    try:
+        proc = subprocess.run([sys.executable, str(driver), str(REPO / "scripts"), str(out), "0.5"], cwd=REPO,
+                              capture_output=True, text=True, timeout=240)
+    finally:  # a stop that failed leaves an endless run behind: end it
+        for leftover in launched_for(run):
+            leftover.kill()
+    ended = time.time()
+    assert proc.returncode == 124, proc.stdout[-3000:] + proc.stderr[-3000:]
+    armed = float(re.search(r"limit armed at ([\d.]+)", proc.stdout)[1])
+    assert ended - armed < 0.5 + 5, ended - armed  # a few seconds, not a checkpoint's grace
+    assert "endless reached its limit of 0.5 s: stopping at once" in proc.stdout
+    assert len((run / "metrics.jsonl").read_text().splitlines()) >= 2  # it was stopped while training
+    assert list(run.glob("checkpoints/*")) == [], list(run.glob("checkpoints/*"))
+    assert "preemption signal received" not in "".join(f.read_text() for f in run.glob("logs/*.log"))
+    assert not (out / "results" / "smoke.json").exists()  # no row: gpu_check.sh records the timeout
+    assert wait_for(lambda: not launched_for(run), timeout=10)
 
 
 def _moe_part(tmp_path, monkeypatch, losses: dict):
@@ -203,23 +220,6 @@ def test_moe_part_keeps_the_grouped_figures_when_the_loop_run_does_not_finish(tm
     assert row["status"] == "FAIL" and row["log"] == str(tmp_path / "logs" / "moe.log")
     assert row["detail"] == ("moe-tiny x 2 layers: grouped 1,000 tok/s, MFU not shown (no known peak); the loop run "
                              "did not finish")
-
-
-@pytest.mark.slow
-def test_dry_mode_long_part_runs_the_plans_layout(dry_run_of_every_part):
-    out, result = dry_run_of_every_part
-    assert result.returncode == 0, result.stderr
-    status, figures, log = rows(out)[titles()["long"]]
-    assert status == "PASS", (figures, open(log).read()[-3000:])
-    m = re.fullmatch(r"llama-tiny x 2 layers seq 256, the plan's layout for \d+ GiB: train.micro_batch_size=(\d) "
-                     r"recompute=(\w+) parallel.zero=(\d): [\d,]+ tok/s \(plan [\d,]+\), MFU not shown \(no known "
-                     r"peak\); peak [\d.]+ MiB measured, plan [\d.]+ MiB \([\d.]+x; pass within 10%\); 10 of 10 steps",
-                     figures)
-    assert m, figures
-    config = yaml.safe_load((out / "runs" / "long" / "config.yaml").read_text())  # the run got the plan's layout
-    assert (config["train"]["micro_batch_size"], config["recompute"]["mode"], config["parallel"]["zero"]) == \
-        (int(m[1]), m[2], int(m[3]))
-    assert config["model"]["seq_len"] == 256 and config["train"]["global_batch_size"] == 4
 
 
 PLAN = {"dims": {"micro_batch_size": 2, "recompute": "selective", "zero": 0}, "tokens_per_s": 54789.2,
