@@ -8,9 +8,8 @@ from llmtrain.plan.cli import plan_for
 
 
 # gpt-1.3b in the GPT-3 paper's shape (24 layers, d_model 2048, 24 heads x 128, vocab 50304: 1.517e9 parameters),
-# bf16, seq 2048, one GPU, synthetic data; measured with the full logits' loss (train.loss=full), which then also
-# kept the micro-batch's bf16 logits referenced from the loss to the next forward (today's code frees them at the
-# loss: 0.77 GiB at micro 4, which the plan no longer counts and these points still hold).
+# bf16, seq 2048, one GPU, synthetic data; measured with the full logits' loss (train.loss=full), before the model
+# returned its loss (the plan's peak is at another moment than the loss at these points, so it is the same).
 MODEL = ["model=gpt-1.3b", "model.n_heads=24", "model.head_dim=128", "precision=bf16", "device=cuda",
          "hardware=h200", "cluster.nproc_per_node=1", "data=synthetic", "train.loss=full"]
 
