@@ -185,7 +185,7 @@ class TrainConfig:
     # torch.compile each transformer block (in place, parameter names unchanged).
     compile: bool = False
     # How the output head and its fp32 cross entropy run: chunked (over chunks of tokens, never the whole logits;
-    # every layout), liger (Liger-Kernel's fused kernel: CUDA, tp=1, the liger extra), full (the whole logits, then
+    # every layout), liger (Liger-Kernel's fused kernel: CUDA, tp=1, pp=1, the liger extra), full (the whole logits, then
     # the loss), auto (liger where it applies and is installed, else chunked).
     loss: str = choice("auto", "auto", "chunked", "liger", "full")
     # train.loss=chunked: tokens per chunk; null = a chunk's fp32 logits about max(64 MiB, the hidden states).

@@ -280,6 +280,9 @@ def _validate_loss(cfg: DictConfig) -> None:
         _require(cfg.parallel.tp == 1, "train.loss",
                  f"liger takes the whole vocabulary, and parallel.tp={cfg.parallel.tp} shards it; use "
                  "train.loss=chunked (vocabulary-parallel) or auto")
+        _require(cfg.parallel.pp == 1, "train.loss",
+                 f"liger scales its kept gradients in place, which a pipeline schedule that runs a loss's backward "
+                 f"twice would scale twice (parallel.pp={cfg.parallel.pp}); use train.loss=chunked or auto")
 
 
 def _validate_train(cfg: DictConfig) -> None:

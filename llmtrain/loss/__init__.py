@@ -25,9 +25,10 @@ def liger_installed() -> bool:
     return find_spec(LIGER_PACKAGE) is not None
 
 
-def resolve_loss(choice: str, device_type: str, tp: int, liger: bool | None = None) -> str:
+def resolve_loss(choice: str, device_type: str, tp: int, pp: int = 1, liger: bool | None = None) -> str:
     """train.loss=auto: Liger-Kernel's fused kernel on a CUDA device without tensor parallel (its kernel takes the
-    whole vocabulary) when the liger extra is installed, our chunked loss everywhere else."""
+    whole vocabulary) or a pipeline (a zero-bubble schedule may run a loss's backward twice, and Liger scales its
+    kept gradients in place) when the liger extra is installed, our chunked loss everywhere else."""
     if choice == LIGER and device_type != "cuda":
         from llmtrain.config.errors import ConfigError
 
@@ -36,7 +37,7 @@ def resolve_loss(choice: str, device_type: str, tp: int, liger: bool | None = No
     if choice != "auto":
         return choice
     liger = liger_installed() if liger is None else liger
-    return LIGER if device_type == "cuda" and tp == 1 and liger else CHUNKED
+    return LIGER if device_type == "cuda" and tp == 1 and pp == 1 and liger else CHUNKED
 
 
 def head_loss_for(name: str, chunk_tokens: int | None = None):

@@ -169,7 +169,8 @@ def build_parallel_model(cfg: DictConfig, dims: ParallelDims, mesh: Meshes, devi
             part.head_loss = head_loss if dims.pp == 1 else _as_stage_output(head_loss)
         return part
 
-    head_loss = head_loss_for(resolve_loss(cfg.train.loss, device.type, dims.tp), cfg.train.loss_chunk_tokens)
+    head_loss = head_loss_for(resolve_loss(cfg.train.loss, device.type, dims.tp, dims.pp),
+                             cfg.train.loss_chunk_tokens)
 
     if dims.pp == 1:
         model = ParallelModel([finish(whole)], dims, float8=float8)

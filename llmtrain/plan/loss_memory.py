@@ -30,7 +30,7 @@ class LossMemory:
 
 
 def resolved_loss(cfg, cuda: bool) -> str:
-    return resolve_loss(cfg.train.loss, "cuda" if cuda else "cpu", cfg.parallel.tp)
+    return resolve_loss(cfg.train.loss, "cuda" if cuda else "cpu", cfg.parallel.tp, cfg.parallel.pp)
 
 
 def loss_memory(cfg, micro_batch: int, cuda: bool) -> LossMemory:

@@ -4,11 +4,15 @@ and without sequence parallel)."""
 
 from __future__ import annotations
 
+from importlib.util import find_spec as _real_find_spec
+
 import pytest
 import torch
 from helpers.ranks import run_ranks
+from helpers.refusals import validate_refusal
 from torch import nn
 
+from llmtrain.config import compose_config
 from llmtrain.config.errors import ConfigError
 from llmtrain.loss import CHUNKED, LIGER, chunk_tokens_for, head_loss_for, resolve_loss
 from llmtrain.model.head_loss import IGNORE_INDEX, logits_loss
@@ -79,9 +83,10 @@ def test_the_default_chunk_bounds_the_logits_and_keeps_small_vocabularies_whole(
     assert chunk_tokens_for(1024, 128256, 128) == 130  # 64 MiB of fp32 logits per chunk
 
 
-def test_auto_picks_liger_only_on_cuda_without_tensor_parallel_and_liger_refuses_a_cpu():
+def test_auto_picks_liger_only_on_cuda_without_tensor_or_pipeline_parallel_and_liger_refuses_a_cpu():
     assert resolve_loss("auto", "cuda", 1, liger=True) == LIGER
     assert resolve_loss("auto", "cuda", 2, liger=True) == CHUNKED
+    assert resolve_loss("auto", "cuda", 1, pp=2, liger=True) == CHUNKED
     assert resolve_loss("auto", "cuda", 1, liger=False) == CHUNKED
     assert resolve_loss("auto", "cpu", 1, liger=True) == CHUNKED
     with pytest.raises(ConfigError) as e:
@@ -122,3 +127,25 @@ def test_vocabulary_parallel_over_two_ranks_equals_one_rank(sequence_parallel):
         for name, (got, got_h, got_w) in out.items():
             assert abs(got - loss) <= 1e-6, name
             _close([got_h, got_w], [want_h, want_w])
+
+
+@pytest.mark.parametrize("overrides,says", [
+    (["train.loss=liger", "device=cpu"], "CUDA only"),
+    (["train.loss=liger", "device=cuda", "cluster.nproc_per_node=2", "parallel.tp=2"], "parallel.tp=2 shards it"),
+    (["train.loss=liger", "device=cuda", "cluster.nproc_per_node=2", "parallel.pp=2", "train.global_batch_size=8"],
+     "parallel.pp=2"),
+    (["train.loss_chunk_tokens=0"], "must be > 0 or null"),
+])
+def test_a_loss_that_cannot_run_is_refused_naming_its_key(overrides, says):
+    key, message = validate_refusal(*overrides)
+    assert key.startswith("train.loss") and says in message, (key, message)
+
+
+def test_liger_not_installed_is_refused_before_anything_starts(monkeypatch):
+    from llmtrain.launch import config_probes
+
+    monkeypatch.setattr(config_probes.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "liger_kernel" else _real_find_spec(name, *a))
+    with pytest.raises(ConfigError) as e:
+        config_probes._train(compose_config(["train.loss=liger", "device=cuda"]))
+    assert e.value.key == "train.loss" and "pip install 'llmtrain[liger]'" in e.value.message
