@@ -28,9 +28,9 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss):
         grad_hidden, grad_weight = ctx.saved_tensors
-        # Out of place: a schedule that splits backward (zero bubble) may call this twice on the same graph.
-        return (grad_hidden * grad_loss.to(grad_hidden.dtype), grad_weight * grad_loss.to(grad_weight.dtype),
-                None, None, None, None)
+        # Out of place: a schedule that splits backward (zero bubble) may call this twice on the same graph. The
+        # fp32 scalar is not cast first: fp16's largest value is 65504, below a loss scale of 2^16.
+        return grad_hidden * grad_loss, grad_weight * grad_loss, None, None, None, None
 
 
 @torch.no_grad()

@@ -39,7 +39,7 @@ from llmtrain.parallel.layout import ParallelDims
 from llmtrain.plan import context_parallel as cp_lib
 from llmtrain.plan import cuda_memory
 from llmtrain.plan import expert_parallel as ep_lib
-from llmtrain.plan.loss_memory import loss_memory
+from llmtrain.plan.loss_memory import loss_memory, resolved_loss
 from llmtrain.plan.moe_memory import moe_saved_bytes
 from llmtrain.plan.params import (BlockShape, StagePlan, active_params, block_params_per_rank, block_shape,
                                   block_shapes, flops_per_token, moe_flops_per_token, stage_params)
@@ -396,8 +396,8 @@ def build_plan(cfg, peak_flops: float, memory_bytes: float | None, hw: dict) -> 
         notes.append("device memory unknown: fit not checked")
     if cuda:
         notes.append("memory: CUDA autocast model (fp32 residual stream, cast copies of inputs and weights, the "
-                     "loss's fp32 tensors); peak = the largest of forward end, loss backward, blocks' backward and "
-                     "optimizer step")
+                     f"{resolved_loss(cfg, cuda)} loss's tensors); peak = the largest of forward end, loss forward, "
+                     "loss backward, blocks' backward and optimizer step")
     of = "of peak" if mfu is not None else f"of this CPU's matmul speed measured now ({peak_flops / 1e12:.3g} TFLOPS)"
     if hw.get("calibration"):
         notes.append(f"step time {hw['calibration']}: matmuls at {hw['efficiency']:.1%} {of}, "

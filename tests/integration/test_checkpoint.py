@@ -1,8 +1,9 @@
 """Checkpoints and resume: exact same-layout resume, resharded resume, restarts after a kill, preemption,
-partial and corrupted checkpoints, `ckpt list`, and the names the model and optimizer state are saved under. What
+partial and corrupted checkpoints, `ckpt list` (the names the state is saved under: test_checkpoint_state.py). What
 only the trainer decides (resharding, async saves, model.init_from, the one-process reference) trains in-process
 (helpers.inprocess_run), as do the runs the launcher's tests start from or compare with; the launcher's own paths
-(resume messages, restarts, signals, kills) launch."""
+(resume messages, restarts, signals, kills) launch, and what it answers before any worker starts (nothing to do,
+a refused change, a damaged checkpoint) runs through main() in this process."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ import pytest
 from conftest import SMALL, launch, read_rows, run_cli, train_losses, wait_for, worker_processes
 from helpers.inprocess_run import train_in_process as train
 from rich.console import Console
+
+from llmtrain.cli import main
 
 pytestmark = pytest.mark.slow
 BASE = SMALL + ["train.max_steps=12", "train.global_batch_size=8", "train.micro_batch_size=2"]
@@ -41,32 +44,65 @@ def uninterrupted(tmp_path_factory):
     return {"dp2": train_losses(base / "dp2"), "one": train_losses(base / "one"), "dir": base}
 
 
-def test_final_checkpoint_and_list(uninterrupted):
+# The kill and SIGTERM tests' schedule: 400 steps planned, so a SIGTERM lands mid-run; the reference trains 30.
+LONG = [*BASE, "train.max_steps=400"]
+LONG_STEPS = 30
+
+
+@pytest.fixture(scope="module")
+def long_reference(tmp_path_factory):
+    """DP2 on LONG's schedule, never stopped before step 30: the losses the restarted and the resubmitted launches
+    must reproduce."""
+    run_dir = tmp_path_factory.mktemp("long-reference") / "run"
+    train(run_dir, *LONG, f"train.stop_at_step={LONG_STEPS}")
+    return train_losses(run_dir)
+
+
+def test_final_checkpoint_and_list(uninterrupted, capsys):
     run_dir = uninterrupted["dir"] / "dp2"
     assert ckpt_steps(run_dir) == ["step-0000012"]
     ckpt = run_dir / "checkpoints" / "step-0000012"
     meta = json.loads((ckpt / "meta.json").read_text())
     assert meta["complete"] and meta["step"] == 12 and meta["layout"]["dp"] == 2
     assert (ckpt / "config.yaml").is_file() and (ckpt / ".metadata").is_file()
-    listing = run_cli(["ckpt", "list", str(run_dir)])
-    assert listing.returncode == 0 and "12" in listing.stdout and "complete" in listing.stdout
-    assert "dp=2" in listing.stdout
+    capsys.readouterr()
+    assert main(["ckpt", "list", str(run_dir)]) == 0
+    listing = capsys.readouterr().out
+    assert "12" in listing and "complete" in listing and "dp=2" in listing, listing
 
 
-def test_stop_and_resume_same_layout_is_exact(uninterrupted, tmp_path):
+RESUMED = [*BASE, "checkpoint.keep=5", "train.eval_interval=3"]
+
+
+@pytest.fixture(scope="module")
+def resumed(tmp_path_factory):
+    """Stopped at step 6 in-process, then resumed to step 12 by `llmtrain launch`, with a save killed midway beside
+    the step-6 checkpoint (a step-0000007.tmp folder without meta.json, a shard cut short): one launch that the
+    exact-resume and the partial-checkpoint tests both read."""
+    run_dir = tmp_path_factory.mktemp("resumed") / "run"
+    train(run_dir, *RESUMED, "train.stop_at_step=6")
+    stopped = ckpt_steps(run_dir)
+    ckpts = run_dir / "checkpoints"
+    partial = ckpts / "step-0000007.tmp"
+    shutil.copytree(ckpts / "step-0000006", partial)
+    (partial / "meta.json").unlink()
+    next(partial.glob("*.distcp")).write_bytes(b"\0" * 10)
+    result = run_cli(["launch", f"run.dir={run_dir}", *RESUMED])
+    return {"dir": run_dir, "stopped": stopped, "partial": partial.name, "result": result}
+
+
+def test_stop_and_resume_same_layout_is_exact(uninterrupted, resumed, capsys):
     # Evaluation right before the save (and after the resume) must not disturb what is saved: FSDP2 leaves its
     # unsharded parameters registered after a no-grad forward.
-    run_dir = tmp_path / "run"
-    train(run_dir, *BASE, "train.stop_at_step=6", "checkpoint.keep=5", "train.eval_interval=3")
-    assert ckpt_steps(run_dir) == ["step-0000006"]
-    result = run_cli(["launch", f"run.dir={run_dir}", *BASE, "checkpoint.keep=5", "train.eval_interval=3"])
+    run_dir, result = resumed["dir"], resumed["result"]
+    assert resumed["stopped"] == ["step-0000006"]
     assert result.returncode == 0, result.stderr[-2000:]
     assert "resuming from" in result.stdout
     losses = train_losses(run_dir)
     assert sorted(losses) == list(range(1, 13))
     diff = max_diff(losses, uninterrupted["dp2"], range(1, 13))
     assert diff <= 1e-6, f"resumed vs uninterrupted: {diff}"
-    assert ckpt_steps(run_dir) == ["step-0000006", "step-0000012"]
+    assert ckpt_steps(run_dir) == ["step-0000006", "step-0000012"]  # the partial folder removed at the start
     # Training time adds up over both launches: in metrics, the checkpoint and the final line.
     elapsed = {r["step"]: r["elapsed_s"] for r in read_rows(run_dir) if "loss" in r}
     saved = json.loads((run_dir / "checkpoints" / "step-0000006" / "meta.json").read_text())["elapsed_s"]
@@ -74,10 +110,12 @@ def test_stop_and_resume_same_layout_is_exact(uninterrupted, tmp_path):
     done = re.search(r"done, 12 steps, [\d,]+ tokens in ([\d.]+) s \(6 since resuming at step 6, in ([\d.]+) s\)",
                      result.stdout)
     assert done and float(done[1]) > saved and float(done[1]) >= float(done[2]), result.stdout[-2000:]
-    # A third launch has nothing left to do, and says only that.
-    again = run_cli(["launch", f"run.dir={run_dir}", *BASE, "checkpoint.keep=5", "train.eval_interval=3"])
-    assert again.returncode == 0 and "nothing to do: already at step 12" in again.stdout
-    assert "done," not in again.stdout, again.stdout
+    # A third launch has nothing left to do, and says only that; through main() in this process: it starts no
+    # worker.
+    capsys.readouterr()
+    assert main(["launch", f"run.dir={run_dir}", *RESUMED]) == 0
+    again = capsys.readouterr().out
+    assert "nothing to do: already at step 12" in again and "done," not in again, again
 
 
 def test_resume_under_other_layouts(uninterrupted, tmp_path):
@@ -103,45 +141,46 @@ def test_resume_under_other_layouts(uninterrupted, tmp_path):
         assert diff <= 1e-5, f"{name}: resumed-under-another-layout vs reference: {diff}"
 
 
-def test_model_shape_change_is_refused(uninterrupted, tmp_path):
+def test_model_shape_change_is_refused(uninterrupted, tmp_path, capsys):
     run_dir = tmp_path / "run"
     shutil.copytree(uninterrupted["dir"] / "dp2", run_dir)
-    result = run_cli(["launch", f"run.dir={run_dir}", *BASE, "model.d_model=128", "train.max_steps=20"])
-    assert result.returncode == 2
+    # Refused before any worker starts: through main() in this process.
+    assert main(["launch", f"run.dir={run_dir}", *BASE, "model.d_model=128", "train.max_steps=20"]) == 2
+    err = capsys.readouterr().err
     # Another model shape is another run: refused, pointing to another run.dir or run.overwrite.
-    assert result.stderr.startswith("llmtrain: error: run.dir: model.d_model 64 -> 128 would start a new run")
-    assert "run.overwrite=true" in result.stderr
+    assert err.startswith("llmtrain: error: run.dir: model.d_model 64 -> 128 would start a new run"), err
+    assert "run.overwrite=true" in err
 
 
-def test_partial_checkpoint_is_ignored_and_corrupt_one_is_named(uninterrupted, tmp_path):
-    run_dir = tmp_path / "run"
-    shutil.copytree(uninterrupted["dir"] / "dp2", run_dir)
-    ckpts = run_dir / "checkpoints"
+def test_partial_checkpoint_is_ignored_and_corrupt_one_is_named(resumed, tmp_path, capsys):
     # A save killed midway leaves a .tmp folder: it is ignored (and said so), the complete one is used.
-    partial = ckpts / "step-0000013.tmp"
-    shutil.copytree(ckpts / "step-0000012", partial)
-    (partial / "meta.json").unlink()
-    next(partial.glob("*.distcp")).write_bytes(b"\0" * 10)
-    result = run_cli(["launch", f"run.dir={run_dir}", *BASE, "train.max_steps=14"])
+    result = resumed["result"]
     assert result.returncode == 0, result.stdout[-2000:]
-    assert "ignoring incomplete checkpoint" in result.stdout and "step-0000013.tmp" in result.stdout
+    assert "ignoring incomplete checkpoint" in result.stdout and resumed["partial"] in result.stdout
     assert result.stdout.count("ignoring incomplete checkpoint") == 1, result.stdout  # the launcher's word only
-    assert sorted(train_losses(run_dir))[-2:] == [13, 14]
-    # A truncated shard of the newest complete checkpoint: a clear error naming the file, nothing trained.
-    newest = ckpts / "step-0000014"
+    assert sorted(train_losses(resumed["dir"]))[-6:] == [7, 8, 9, 10, 11, 12]
+    run_dir = tmp_path / "run"
+    shutil.copytree(resumed["dir"], run_dir)
+    ckpts = run_dir / "checkpoints"
+    # A truncated shard of the newest complete checkpoint: a clear error naming the file, nothing trained. Both
+    # refusals come before any worker starts: through main() in this process.
+    newest = ckpts / "step-0000012"
     shard = sorted(newest.glob("*.distcp"))[0]
     shard.write_bytes(shard.read_bytes()[:-100])
-    result = run_cli(["launch", f"run.dir={run_dir}", *BASE, "train.max_steps=16"])
-    assert result.returncode == 1  # a damaged checkpoint is a failure, not bad input
-    assert str(shard) in result.stderr and "truncated" in result.stderr
+    capsys.readouterr()
+    code = main(["launch", f"run.dir={run_dir}", *RESUMED, "train.max_steps=16"])
+    err = capsys.readouterr().err
+    assert code == 1  # a damaged checkpoint is a failure, not bad input
+    assert str(shard) in err and "truncated" in err, err
     # Flipped bytes of the same size are caught by the CRC.
-    good = sorted((ckpts / "step-0000012").glob("*.distcp"))[0]
+    good = sorted((ckpts / "step-0000006").glob("*.distcp"))[0]
     data = bytearray(good.read_bytes())
     data[len(data) // 2] ^= 0xFF
     good.write_bytes(bytes(data))
-    result = run_cli(["launch", f"run.dir={run_dir}", *BASE, f"checkpoint.resume={ckpts / 'step-0000012'}",
-                      "train.max_steps=16"])
-    assert result.returncode == 1 and str(good) in result.stderr and "corrupted" in result.stderr
+    code = main(["launch", f"run.dir={run_dir}", *RESUMED, f"checkpoint.resume={ckpts / 'step-0000006'}",
+                 "train.max_steps=16"])
+    err = capsys.readouterr().err
+    assert code == 1 and str(good) in err and "corrupted" in err, err
 
 
 def _start(run_dir, *overrides):
@@ -149,14 +188,12 @@ def _start(run_dir, *overrides):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def test_killed_rank_restarts_and_matches(uninterrupted, tmp_path):
+def test_killed_rank_restarts_and_matches(long_reference, tmp_path):
     """kill -9 of one rank with launch.max_restarts=1: torchrun restarts the workers, they resume from the newest
     complete checkpoint, and the final losses equal the uninterrupted run's."""
     run_dir = tmp_path / "run"
-    steps = 30
-    overrides = [*BASE, f"train.max_steps={steps}", "checkpoint.interval=4", "launch.max_restarts=1"]
-    reference_dir = tmp_path / "reference"
-    train(reference_dir, *BASE, f"train.max_steps={steps}")
+    steps = LONG_STEPS
+    overrides = [*LONG, f"train.stop_at_step={steps}", "checkpoint.interval=4", "launch.max_restarts=1"]
     proc = _start(run_dir, *overrides)
     try:
         assert wait_for(lambda: any(r.get("step", 0) >= 6 for r in read_rows(run_dir)), timeout=180)
@@ -177,15 +214,15 @@ def test_killed_rank_restarts_and_matches(uninterrupted, tmp_path):
     assert re.search(r"restart 1 of 1: resumed from \S+/step-\d{7} at step \d+", out), out
     losses = train_losses(run_dir)
     assert sorted(losses) == list(range(1, steps + 1))
-    diff = max_diff(losses, train_losses(reference_dir), range(1, steps + 1))
+    diff = max_diff(losses, long_reference, range(1, steps + 1))
     assert diff <= 1e-6, f"restarted vs uninterrupted: {diff}"
     assert not worker_processes(run_dir)
 
 
-def test_sigterm_checkpoints_and_resubmission_resumes(uninterrupted, tmp_path):
+def test_sigterm_checkpoints_and_resubmission_resumes(long_reference, tmp_path):
     run_dir = tmp_path / "run"
     steps = 400
-    proc = _start(run_dir, *BASE, f"train.max_steps={steps}")
+    proc = _start(run_dir, *LONG)
     try:
         assert wait_for(lambda: any(r.get("step", 0) >= 3 for r in read_rows(run_dir)), timeout=180)
         proc.send_signal(signal.SIGTERM)
@@ -199,12 +236,14 @@ def test_sigterm_checkpoints_and_resubmission_resumes(uninterrupted, tmp_path):
     assert len(saved) == 1 and 3 <= saved[0] < steps
     assert not worker_processes(run_dir)
     # The resubmitted job continues from the saved step, with the uninterrupted run's numbers.
-    launch(run_dir, *BASE, f"train.max_steps={steps}", f"train.stop_at_step={saved[0] + 2}")
+    launch(run_dir, *LONG, f"train.stop_at_step={saved[0] + 2}")
     losses = train_losses(run_dir)
     assert sorted(losses)[-2:] == [saved[0] + 1, saved[0] + 2]
-    reference_dir = tmp_path / "reference"
-    train(reference_dir, *BASE, f"train.max_steps={steps}", f"train.stop_at_step={saved[0] + 2}")
-    assert max_diff(losses, train_losses(reference_dir), range(1, saved[0] + 3)) <= 1e-6
+    reference = long_reference
+    if saved[0] + 2 > LONG_STEPS:  # preempted later than the shared reference reaches: one of its own
+        train(tmp_path / "reference", *LONG, f"train.stop_at_step={saved[0] + 2}")
+        reference = train_losses(tmp_path / "reference")
+    assert max_diff(losses, reference, range(1, saved[0] + 3)) <= 1e-6
 
 
 def test_async_checkpoint_is_logged_saved_only_when_complete(tmp_path):
@@ -229,9 +268,10 @@ def test_async_checkpoint_is_logged_saved_only_when_complete(tmp_path):
         assert got.keys() == want.keys() and all(got[k].equal(want[k]) for k in want), name
 
 
-def test_export_hf_matches_and_init_from_continues(uninterrupted, tmp_path):
+def test_export_hf_matches_and_init_from_continues(uninterrupted, tmp_path, capsys):
     """`ckpt export --format hf` of a real DP2 checkpoint loads in transformers with the same logits, and
-    model.init_from=<that folder> starts a run from exactly those weights."""
+    model.init_from=<that folder> starts a run from exactly those weights. The export runs through the CLI's main()
+    in this process: torch is imported already."""
     import torch
     import torch.nn.functional as F
 
@@ -241,8 +281,8 @@ def test_export_hf_matches_and_init_from_continues(uninterrupted, tmp_path):
 
     ckpt = uninterrupted["dir"] / "dp2" / "checkpoints" / "step-0000012"
     out = tmp_path / "hf"
-    result = run_cli(["ckpt", "export", str(ckpt), "--format", "hf", "--out", str(out)])
-    assert result.returncode == 0, result.stderr
+    code = main(["ckpt", "export", str(ckpt), "--format", "hf", "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
     state, cfg = load_model_state(str(ckpt))
     model = GPT(GPTArgs.from_config(cfg.model))
     model.load_state_dict(state, strict=False)
@@ -278,9 +318,10 @@ def test_export_hf_matches_and_init_from_continues(uninterrupted, tmp_path):
         in log
 
 
-def test_kill_during_a_save_keeps_the_previous_checkpoint(tmp_path):
+def test_kill_during_a_save_keeps_the_previous_checkpoint(tmp_path, capsys):
     """SIGKILL of every process of the job while a checkpoint is being written (its .tmp folder exists): the
-    previous checkpoint stays intact, the next launch ignores the partial one, says so, and resumes."""
+    previous checkpoint stays intact, the next launch (through main() in this process) ignores the partial one, says
+    so, resumes from the previous one and trains the step after it."""
     import psutil
 
     run_dir = tmp_path / "run"
@@ -304,131 +345,12 @@ def test_kill_during_a_save_keeps_the_previous_checkpoint(tmp_path):
     partial = [p for p in ckpts.iterdir() if p.name.endswith(".tmp")]
     complete = sorted(p for p in ckpts.iterdir() if not p.name.endswith(".tmp"))
     assert partial and complete
-    result = run_cli(["launch", f"run.dir={run_dir}", *big, "train.stop_at_step=" + str(int(complete[-1].name[5:]) + 1)])
-    assert result.returncode == 0, result.stdout[-3000:]
-    assert "ignoring incomplete checkpoint" in result.stdout and partial[0].name in result.stdout
-    assert f"resuming from {complete[-1]}" in result.stdout.replace("\n", "")
-
-
-# ---- the state DCP saves, in one process ---------------------------------------------------------------------------
-
-
-@pytest.fixture
-def one_rank(tmp_path):
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
-def _gpt_and_adamw(stages: list[int]):
-    """A 4-layer GPT as the pipeline stages `stages` of a 2-stage split held by one rank (both ends: the last
-    stage's head is a copy of the embedding), or whole for [], with AdamW over all of it."""
-    import torch
-    from omegaconf import OmegaConf
-
-    from llmtrain.model import GPT, GPTArgs, init_parameters
-    from llmtrain.parallel.pipeline import make_stage_module
-    from llmtrain.train.optim import build_optimizer
-
-    with torch.device("meta"):
-        whole = GPT(GPTArgs(n_layers=4, n_heads=2, d_model=16, vocab_size=32, seq_len=8))
-    parts = [make_stage_module(whole, s, [2, 2]) for s in stages] or [whole]
-    for part in parts:
-        part.to_empty(device="cpu")
-        part.tie_weights()
-        init_parameters(part, seed=0, std=0.02, n_layers=4)
-    train = OmegaConf.create({"lr": 1e-2, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.1})
-    return parts, build_optimizer(parts, train)
-
-
-def _train_step(parts, optimizer, seed: int) -> float:
-    """One AdamW step on a fixed batch; a pipeline's head copy takes the embedding's gradient summed with its own,
-    as the trainer does."""
-    import torch
-    import torch.nn.functional as F
-
-    ids = torch.randint(0, 32, (2, 9), generator=torch.Generator().manual_seed(seed))
-    h = ids[:, :-1]
-    for part in parts:
-        h = part(h)
-    loss = F.cross_entropy(h.flatten(0, 1), ids[:, 1:].flatten())
-    loss.backward()
-    params = {n: p for part in parts for n, p in part.named_parameters()}
-    if len(parts) > 1:
-        total = params["embed.tok.weight"].grad + params["head.weight"].grad
-        params["embed.tok.weight"].grad, params["head.weight"].grad = total, total.clone()
-    optimizer.step()
-    optimizer.zero_grad()
-    return loss.item()
-
-
-def test_state_is_saved_by_parameter_name_and_loads_into_two_stages_on_one_rank(tmp_path, one_rank):
-    """The saved names are the parameter names (what checkpoints of every layout and of earlier versions hold):
-    a checkpoint written by hand in that layout loads into two pipeline stages held by one rank, whose next
-    step then matches the whole model's; the head copy gets the embedding's value and moments, not shared ones."""
-    import torch
-    import torch.distributed.checkpoint as dcp
-
-    from llmtrain.checkpoint.state import ModelState, OptimizerState
-
-    parts, optimizer = _gpt_and_adamw([])
-    fresh = OptimizerState(parts, optimizer)
-    assert fresh.state_dict() == {} and not optimizer.state  # nothing to save yet, and no step taken to save it
-    for seed in range(3):
-        _train_step(parts, optimizer, seed)
-    model = parts[0]
-    by_hand = {"model": dict(model.named_parameters()),
-               "optim": {f"{n}.{field}": value for n, p in model.named_parameters()
-                         for field, value in optimizer.state[p].items()}}
-    dcp.save(by_hand, checkpoint_id=tmp_path / "by_hand")
-    dcp.save({"model": ModelState(parts), "optim": OptimizerState(parts, optimizer)}, checkpoint_id=tmp_path / "one")
-    keys = set(dcp.FileSystemReader(tmp_path / "one").read_metadata().state_dict_metadata)
-    assert keys == set(dcp.FileSystemReader(tmp_path / "by_hand").read_metadata().state_dict_metadata)
-    assert {"model.embed.tok.weight", "optim.embed.tok.weight.exp_avg", "optim.layers.3.mlp.fc.weight.step"} < keys
-    assert not any(k.startswith(("model.head", "optim.head")) for k in keys)  # the tied head: saved once
-
-    stages, stage_optimizer = _gpt_and_adamw([0, 1])
-    dcp.load({"model": ModelState(stages), "optim": OptimizerState(stages, stage_optimizer, for_load=True)},
-             checkpoint_id=tmp_path / "by_hand")
-    params = {n: p for part in stages for n, p in part.named_parameters()}
-    embed, head = params["embed.tok.weight"], params["head.weight"]
-    assert torch.equal(head, embed) and torch.equal(embed, model.embed.tok.weight)
-    head_state, embed_state = stage_optimizer.state[head], stage_optimizer.state[embed]
-    assert torch.equal(head_state["exp_avg"], embed_state["exp_avg"])
-    assert head_state["exp_avg"].data_ptr() != embed_state["exp_avg"].data_ptr()
-    assert {float(s["step"]) for s in stage_optimizer.state.values()} == {3.0}
-    assert [g["lr"] for g in stage_optimizer.param_groups] == [1e-2, 1e-2]
-    before = model.layers["3"].mlp.fc.weight.detach().clone()
-    assert _train_step(stages, stage_optimizer, 3) == pytest.approx(_train_step(parts, optimizer, 3), abs=1e-6)
-    for name, p in model.named_parameters():
-        assert (params[name] - p).abs().max().item() <= 1e-6, name
-    assert (model.layers["3"].mlp.fc.weight - before).abs().max().item() > 1e-4  # the step moved the weights
-    # Saved from the two stages: the same names as from the whole model.
-    dcp.save({"model": ModelState(stages), "optim": OptimizerState(stages, stage_optimizer)},
-             checkpoint_id=tmp_path / "two")
-    assert set(dcp.FileSystemReader(tmp_path / "two").read_metadata().state_dict_metadata) == keys
-
-
-def test_an_untied_head_is_saved_under_its_own_name():
-    """A tied head is saved once, as the embedding; an untied one (model.tie_embeddings=false) is a parameter of
-    its own in the checkpoint, and loading puts it back. In-process, no process group."""
-    import torch
-
-    from llmtrain.checkpoint.state import ModelState
-    from llmtrain.config import compose_config
-    from llmtrain.model import build_model
-
-    for tie in (True, False):
-        cfg = compose_config(["model=llama-tiny", f"model.tie_embeddings={str(tie).lower()}"])
-        torch.manual_seed(0)
-        model = build_model(cfg.model)
-        saved = ModelState([model]).state_dict()
-        assert ("head.weight" in saved) is (not tie)
-    assert torch.equal(saved["head.weight"], model.head.weight)
-    assert not torch.equal(saved["head.weight"], saved["embed.tok.weight"])
-    other = build_model(cfg.model)
-    ModelState([other]).load_state_dict({name: value.clone() for name, value in saved.items()})
-    assert torch.equal(other.head.weight, model.head.weight)
-    assert torch.equal(other.embed.tok.weight, model.embed.tok.weight)
+    step = int(complete[-1].name[5:])
+    capsys.readouterr()
+    code = main(["launch", f"run.dir={run_dir}", *big, f"train.stop_at_step={step + 1}"])
+    out = capsys.readouterr().out
+    assert code == 0, out[-3000:]
+    assert "ignoring incomplete checkpoint" in out and partial[0].name in out
+    assert f"resuming from {complete[-1]}" in out.replace("\n", "")
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert any(r.get("step") == step + 1 and "loss" in r for r in rows), rows[-3:]

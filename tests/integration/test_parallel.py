@@ -9,13 +9,13 @@ Sharding is checked in bytes, and tensor parallel's communication is counted.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
-from conftest import REPO, SMALL
+from conftest import SMALL
+from helpers import tp_collectives
 from helpers.inprocess_run import train_in_process as train
 from helpers.parity import assert_parity, by_step
+from helpers.ranks import run_ranks
 
 pytestmark = pytest.mark.slow
 # Evaluation on at steps 5 and 10: every layout and pipeline schedule evaluates, and its val_loss is compared too.
@@ -71,9 +71,16 @@ def _state_bytes(run_dir, ranks):
     return [json.loads((run_dir / "logs" / f"rank{r}.status").read_text())["state_bytes"] for r in range(ranks)]
 
 
-def test_zero3_shards_params_grads_and_optimizer_state(reference, tmp_path):
-    one = _state_bytes(train(tmp_path / "one", *SMALL, "train.max_steps=1", "cluster.nproc_per_node=1")
-                       and tmp_path / "one", 1)[0]
+@pytest.fixture(scope="module")
+def one_step(tmp_path_factory):
+    """One step on one process: the unsharded state the sharding tests divide."""
+    run_dir = tmp_path_factory.mktemp("one-step") / "run"
+    train(run_dir, *SMALL, "train.max_steps=1", "cluster.nproc_per_node=1")
+    return _state_bytes(run_dir, 1)[0]
+
+
+def test_zero3_shards_params_grads_and_optimizer_state(reference, one_step, tmp_path):
+    one = one_step
     n = 4
     run_dir = tmp_path / "zero3"
     train(run_dir, *SMALL, "train.max_steps=1", f"cluster.nproc_per_node={n}", "parallel.zero=3",
@@ -87,20 +94,17 @@ def test_zero3_shards_params_grads_and_optimizer_state(reference, tmp_path):
     assert all(b["params"] == one["params"] and b["optimizer"] == one["optimizer"] for b in _state_bytes(run_dir, 2))
 
 
-def test_tp_splits_block_matrices(tmp_path):
-    one_dir, tp_dir = tmp_path / "one", tmp_path / "tp4"
-    train(one_dir, *SMALL, "train.max_steps=1", "cluster.nproc_per_node=1")
+def test_tp_splits_block_matrices(one_step, tmp_path):
+    tp_dir = tmp_path / "tp4"
     train(tp_dir, *SMALL, "train.max_steps=1", "cluster.nproc_per_node=4", "parallel.tp=4")
-    full = _state_bytes(one_dir, 1)[0]["block_matrix_params"]
+    full = one_step["block_matrix_params"]
     assert [b["block_matrix_params"] for b in _state_bytes(tp_dir, 4)] == [full // 4] * 4
 
 
-def test_tensor_parallel_issues_the_megatron_minimum_per_layer(tmp_path):
-    out = tmp_path / "counts.json"
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
-                    str(REPO / "tests" / "integration" / "dist" / "comm_count.py"), str(out)], check=True, timeout=300,
-                   capture_output=True, cwd=tmp_path)
-    counts = json.loads(out.read_text())
+def test_tensor_parallel_issues_the_megatron_minimum_per_layer():
+    # Counted on 2 forked ranks: no launcher behaviour is under test.
+    counts, other = run_ranks(2, tp_collectives.per_layer)
+    assert counts == other  # both ranks of the TP group issue the same collectives
     for prefix in ("", "llama_"):  # Llama's GQA k/v, SwiGLU gate and RMSNorms add no collective
         # TP without sequence parallel: one all-reduce after attention and one after the MLP, each way.
         assert counts[prefix + "tp"]["per_layer"]["forward"] == {"all_reduce": 2.0}, prefix

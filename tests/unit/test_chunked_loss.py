@@ -59,11 +59,13 @@ def test_twice_through_backward_gives_the_same_gradients():
     assert all(torch.equal(a, b) for a, b in zip(first, second))
 
 
-def test_bf16_autocast_matches_the_full_logits_within_bf16_rounding():
+@pytest.mark.parametrize("dtype,scale", [(torch.bfloat16, 1.0), (torch.float16, 65536.0)], ids=["bf16", "fp16"])
+def test_autocast_matches_the_full_logits_within_its_rounding(dtype, scale):
+    """fp16 under its loss scaler's starting scale, 2^16: more than fp16 holds, so it must not be cast to fp16."""
     head, hidden, targets = _case(4096, 64, 2, 32)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        want = _loss_and_grads(logits_loss, head, hidden, targets)
-        got = _loss_and_grads(head_loss_for(CHUNKED, 16), head, hidden, targets)
+    with torch.autocast("cpu", dtype=dtype):
+        want = _loss_and_grads(logits_loss, head, hidden, targets, scale)
+        got = _loss_and_grads(head_loss_for(CHUNKED, 16), head, hidden, targets, scale)
     assert got[0].dtype == torch.float32 and got[2].dtype == torch.float32  # the fp32 master weight's gradient
     assert abs(got[0].item() - want[0].item()) <= 1e-3 * want[0].item()
     _close(got[1:], want[1:], rel=2e-2)
