@@ -1,7 +1,8 @@
 """Hybrid parallelism: every layout trains the same model as one process (fp32, CPU + gloo).
 
 Each layout runs 10 steps on the embedded stdlib data and must match the 1-process losses and gradient norms to
-1e-5. The layouts train in ranks forked from the test process (helpers.inprocess_run: the real run directory and
+1e-5. The layouts compute the loss over chunks (train.loss's default) and the one process with the whole logits
+(train.loss=full), so every layout also checks the chunked loss against the full one. The layouts train in ranks forked from the test process (helpers.inprocess_run: the real run directory and
 worker, without torchrun's start-up; tests/integration/test_launch.py checks DP parity through `llmtrain launch`).
 Sharding is checked in bytes, and tensor parallel's communication is counted.
 """
@@ -46,7 +47,7 @@ LAYOUTS = {
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("ref") / "run"
-    return by_step(train(run_dir, *PARITY, "cluster.nproc_per_node=1"))
+    return by_step(train(run_dir, *PARITY, "cluster.nproc_per_node=1", "train.loss=full"))
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
@@ -141,7 +142,8 @@ LLAMA_LAYOUTS = {
 
 @pytest.fixture(scope="module")
 def llama_reference(tmp_path_factory):
-    return by_step(train(tmp_path_factory.mktemp("llama-ref") / "run", *LLAMA, "cluster.nproc_per_node=1"))
+    return by_step(train(tmp_path_factory.mktemp("llama-ref") / "run", *LLAMA, "cluster.nproc_per_node=1",
+                         "train.loss=full"))
 
 
 @pytest.mark.parametrize("name", list(LLAMA_LAYOUTS))

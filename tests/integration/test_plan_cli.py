@@ -2,37 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import time
 
 import pytest
 from conftest import REPO, run_cli
+from helpers.plan_memory_runs import bench_module as _bench
+from helpers.plan_memory_runs import plan_here as _plan_here
+from helpers.plan_memory_runs import train_here as _train_here
 
 from llmtrain.config import compose_config
 from llmtrain.launch.config_probes import validate_here
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("bench_plan_memory", REPO / "scripts" / "bench_plan_memory.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _plan_here(overrides: list[str]) -> dict:
-    """`llmtrain plan --json`'s output, computed in this process."""
-    from llmtrain.plan.cli import plan_for
-
-    cfg = compose_config(overrides)
-    validate_here(cfg)
-    return json.loads(json.dumps(plan_for(cfg).to_dict(), default=str))
-
-
-def _train_here(run_dir: str, overrides: list[str]) -> None:
-    from helpers.inprocess_run import train_in_process
-
-    train_in_process(run_dir, *overrides)
 
 
 def _two_micro_batches(bench, overrides: list[str]) -> list[str]:
