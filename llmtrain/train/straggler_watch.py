@@ -110,8 +110,10 @@ class StragglerWatch:
 
 def watch_stragglers(launch_cfg, device: torch.device, log: Callable[..., None], run_dir: str,
                      is_logger: bool) -> tuple[ComputeClock, StragglerWatch | None]:
-    """The trainer's compute clock, and the watch when launch.straggler_factor turns detection on (0: off)."""
-    clock = ComputeClock(device, enabled=bool(launch_cfg.straggler_factor))
-    if not launch_cfg.straggler_factor:
+    """The trainer's compute clock, and the watch when launch.straggler_factor turns detection on (0: off) and
+    there are ranks to compare (a job of one rank has no straggler: no clock, no gather per logged step)."""
+    watch = bool(launch_cfg.straggler_factor) and dist.get_world_size() > 1
+    clock = ComputeClock(device, enabled=watch)
+    if not watch:
         return clock, None
     return clock, StragglerWatch(launch_cfg, clock, log, device, run_dir if is_logger else None)
