@@ -29,15 +29,19 @@ def resolve_loss(choice: str, device_type: str, tp: int, pp: int = 1, liger: boo
     """train.loss=auto: Liger-Kernel's fused kernel on a CUDA device without tensor parallel (its kernel takes the
     whole vocabulary) or a pipeline (a zero-bubble schedule may run a loss's backward twice, and Liger scales its
     kept gradients in place) when the liger extra is installed, our chunked loss everywhere else."""
-    if choice == LIGER and device_type != "cuda":
-        from llmtrain.config.errors import ConfigError
-
-        raise ConfigError("train.loss", f"liger runs on CUDA only (this worker's device is {device_type}); use "
-                                        "train.loss=chunked")
     if choice != "auto":
         return choice
     liger = liger_installed() if liger is None else liger
     return LIGER if device_type == "cuda" and tp == 1 and pp == 1 and liger else CHUNKED
+
+
+def check_loss_device(name: str, device_type: str) -> None:
+    """A worker's refusal of train.loss=liger on a device other than CUDA (device=auto on a node without one)."""
+    if name == LIGER and device_type != "cuda":
+        from llmtrain.config.errors import ConfigError
+
+        raise ConfigError("train.loss", f"liger runs on CUDA only (this worker's device is {device_type}); use "
+                                        "train.loss=chunked")
 
 
 def head_loss_for(name: str, chunk_tokens: int | None = None):

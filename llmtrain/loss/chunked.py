@@ -15,22 +15,26 @@ import torch.distributed as dist
 
 from llmtrain.model.head_loss import IGNORE_INDEX
 
+
 class ChunkedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, targets, chunk_tokens, group, vocab_start):
-        """hidden (n, d) and weight (v, d) in the compute dtype, targets (n,); the mean loss over counted tokens."""
-        needs_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
+    def forward(ctx, hidden, weight, targets, chunk_tokens, group, vocab_start, needs_grad):
+        """hidden (n, d) and weight (v, d) in the compute dtype, targets (n,); the mean loss over counted tokens.
+        `needs_grad`: make the gradients (not in evaluation, whatever the tensors' requires_grad)."""
         loss, grad_hidden, grad_weight = _chunks(hidden, weight, targets, chunk_tokens, group, vocab_start,
                                                  needs_grad)
         ctx.save_for_backward(grad_hidden, grad_weight)
+        ctx.dtypes = hidden.dtype, weight.dtype
         return loss
 
     @staticmethod
     def backward(ctx, grad_loss):
         grad_hidden, grad_weight = ctx.saved_tensors
-        # Out of place: a schedule that splits backward (zero bubble) may call this twice on the same graph. The
-        # fp32 scalar is not cast first: fp16's largest value is 65504, below a loss scale of 2^16.
-        return grad_hidden * grad_loss, grad_weight * grad_loss, None, None, None, None
+        # Out of place: a schedule that splits backward (zero bubble) may call this twice on the same graph. fp16's
+        # gradients are kept in fp32 and scaled there (a loss scale of 2^16 is more than fp16 holds), then cast.
+        hidden_dtype, weight_dtype = ctx.dtypes
+        return ((grad_hidden * grad_loss).to(hidden_dtype), (grad_weight * grad_loss).to(weight_dtype),
+                None, None, None, None, None)
 
 
 @torch.no_grad()
@@ -42,10 +46,15 @@ def _chunks(hidden, weight, targets, chunk_tokens, group, vocab_start, needs_gra
     here = counted & (local >= 0) & (local < vocab)  # targets in this rank's vocabulary shard
     local = torch.where(here, local, 0)
     total = torch.zeros((), dtype=torch.float32, device=hidden.device)
-    grad_hidden = torch.empty_like(hidden) if needs_grad else hidden.new_empty(0)
-    # Accumulated in place over the chunks (in the compute dtype, as Liger-Kernel does): no temporary of the
-    # weight's size per chunk. In fp32 the result equals one big matmul's to rounding.
-    grad_weight = torch.zeros_like(weight) if needs_grad else weight.new_empty(0)
+    # The gradients are summed unnormalised (softmax minus one-hot, each entry within [-1, 1], so none underflows
+    # in fp16) and divided by the token count once at the end. fp16 accumulates in fp32: a weight row's sum over
+    # the tokens can pass fp16's 65504. bf16 and fp32 accumulate in place in their own dtype (as Liger-Kernel
+    # does): no temporary of the weight's size per chunk.
+    keep_dtype = torch.float32 if hidden.dtype == torch.float16 else hidden.dtype
+    grad_hidden = torch.empty(hidden.shape, dtype=keep_dtype, device=hidden.device) if needs_grad \
+        else hidden.new_empty(0)
+    grad_weight = torch.zeros(weight.shape, dtype=keep_dtype, device=weight.device) if needs_grad \
+        else weight.new_empty(0)
     for start in range(0, n, chunk_tokens):
         rows = slice(start, min(n, start + chunk_tokens))
         h, tgt, hit, keep = hidden[rows], local[rows], here[rows], counted[rows]
@@ -64,9 +73,16 @@ def _chunks(hidden, weight, targets, chunk_tokens, group, vocab_start, needs_gra
             continue
         probs.div_(sums[0][:, None])
         probs.scatter_add_(1, tgt[:, None], -hit[:, None].to(probs.dtype))  # minus one-hot; no host sync
-        probs.mul_((keep / count)[:, None])  # d(mean loss)/d(logits)
+        probs.mul_(keep[:, None])  # ignored tokens add nothing
         grad_logits = probs.to(hidden.dtype)
-        torch.mm(grad_logits, weight, out=grad_hidden[rows])
-        grad_weight.addmm_(grad_logits.t(), h)
+        if keep_dtype == hidden.dtype:
+            torch.mm(grad_logits, weight, out=grad_hidden[rows])
+            grad_weight.addmm_(grad_logits.t(), h)
+        else:
+            grad_hidden[rows] = grad_logits @ weight
+            grad_weight += grad_logits.t() @ h
         del logits, probs, grad_logits
+    if needs_grad:
+        grad_hidden.div_(count)
+        grad_weight.div_(count)
     return total / count, grad_hidden, grad_weight

@@ -25,5 +25,8 @@ class ChunkedHeadLoss:
         dtype = compute_dtype(part.weight)
         h, w = part.hidden.to(dtype), part.weight.to(dtype)  # autocast's casts, made once
         chunk = self.chunk_tokens or chunk_tokens_for(h.shape[0], w.shape[0], h.shape[1])
+        # Not from the tensors alone: in evaluation (no_grad) a parameter still has requires_grad set.
+        needs_grad = torch.is_grad_enabled() and (h.requires_grad or w.requires_grad)
         with torch.autocast(h.device.type, enabled=False):
-            return ChunkedLinearCrossEntropy.apply(h, w, targets.flatten(), chunk, part.group, part.vocab_start)
+            return ChunkedLinearCrossEntropy.apply(h, w, targets.flatten(), chunk, part.group, part.vocab_start,
+                                                   needs_grad)

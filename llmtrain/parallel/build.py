@@ -14,7 +14,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
 from llmtrain.config.derived import Derived, torch_dtype
-from llmtrain.loss import head_loss_for, resolve_loss
+from llmtrain.loss import check_loss_device, head_loss_for, resolve_loss
 from llmtrain.model import build_model, init_parameters
 from llmtrain.model.registry import family_of
 from llmtrain.parallel.context_parallel import apply_context_parallel, set_token_positions
@@ -169,8 +169,9 @@ def build_parallel_model(cfg: DictConfig, dims: ParallelDims, mesh: Meshes, devi
             part.head_loss = head_loss if dims.pp == 1 else _as_stage_output(head_loss)
         return part
 
-    head_loss = head_loss_for(resolve_loss(cfg.train.loss, device.type, dims.tp, dims.pp),
-                             cfg.train.loss_chunk_tokens)
+    loss_name = resolve_loss(cfg.train.loss, device.type, dims.tp, dims.pp)
+    check_loss_device(loss_name, device.type)
+    head_loss = head_loss_for(loss_name, cfg.train.loss_chunk_tokens)
 
     if dims.pp == 1:
         model = ParallelModel([finish(whole)], dims, float8=float8)

@@ -170,7 +170,7 @@ def loss_saved_bytes(cfg, micro_batch: int) -> float:
     """What the last stage saves after the blocks: the final norm's fp32 input, the head's cast input (the chunked
     loss keeps the hidden states' gradient instead, the same size) and what the loss keeps (loss_memory.py)."""
     head_inputs = micro_batch * cfg.model.seq_len * cfg.model.d_model * (FP32 + _compute_size(cfg))
-    return head_inputs + loss_memory(cfg, micro_batch, cuda=True).saved
+    return head_inputs + loss_memory(cfg, micro_batch, gpu=True).saved
 
 
 def boundary_bytes_per_element() -> int:
@@ -226,7 +226,7 @@ def moments(cfg, dims: ParallelDims, held: list[StagePlan], n_stages: int, micro
                   for i in s.layers) if any(s.layers for s in held) else 0.0
     if holds_embedding:
         largest = max(largest, padded_vocab_size(m) * m.d_model / tp / shard(False))
-    loss = loss_memory(cfg, mb, cuda=True)
+    loss = loss_memory(cfg, mb, gpu=True)
     return rank_peak(
         state=state, grads=grads, acts=acts, micro=micro, last=any(s.stage == n_stages - 1 for s in held),
         held_weights=held_weights, cached_only=cached_only, loss_output=loss.saved, loss_forward=loss.forward,

@@ -39,7 +39,7 @@ from llmtrain.parallel.layout import ParallelDims
 from llmtrain.plan import context_parallel as cp_lib
 from llmtrain.plan import cuda_memory
 from llmtrain.plan import expert_parallel as ep_lib
-from llmtrain.plan.loss_memory import loss_memory, resolved_loss
+from llmtrain.plan.loss_memory import loss_memory, on_gpu, resolved_loss
 from llmtrain.plan.moe_memory import moe_saved_bytes
 from llmtrain.plan.params import (BlockShape, StagePlan, active_params, block_params_per_rank, block_shape,
                                   block_shapes, flops_per_token, moe_flops_per_token, stage_params)
@@ -191,7 +191,7 @@ def stage_state_bytes(cfg, dims: ParallelDims, stage: StagePlan, replica_copies:
     return {k: rest[k] + experts[k] for k in rest}
 
 
-def loss_bytes(cfg, micro_batch: int) -> float:
+def loss_bytes(cfg, micro_batch: int, gpu: bool = False) -> float:
     """The last stage's extra: the head's input (full: gathered under sequence parallel), the final norm's input (and
     for an RMSNorm family its normalized tensor), and what the loss keeps until backward (loss_memory.py: the fp32 log-softmax of
     one micro-batch, vocabulary-sharded under TP, or the chunked loss's gradients)."""
@@ -203,7 +203,7 @@ def loss_bytes(cfg, micro_batch: int) -> float:
     norm_input = tokens * m.d_model * size / sp
     if block_shape(m, m.n_layers - 1).rms_norm:
         norm_input *= 2  # and its normalized tensor
-    return head_input + norm_input + loss_memory(cfg, micro_batch, cuda=False).saved
+    return head_input + norm_input + loss_memory(cfg, micro_batch, gpu).saved
 
 
 def pipeline_buffer_bytes(cfg, stage: int, n_stages: int, micro: int, boundary_size: int | None = None) -> float:
@@ -291,6 +291,7 @@ def build_plan(cfg, peak_flops: float, memory_bytes: float | None, hw: dict) -> 
     micro = t.global_batch_size // (t.micro_batch_size * dims.dp)
     stages, total, non_embedding = stage_params(cfg)
     cuda = cuda_memory.applies(cfg, hw)
+    gpu = on_gpu(cfg, hw["name"])  # (fp32 on a GPU is planned with the CPU model, its loss resolved for the GPU)
     local_layer_bytes = cuda_memory.layer_bytes if cuda else activation_bytes_per_layer
 
     def layer_bytes(c, mb, mode=None, layer=0):
@@ -314,8 +315,10 @@ def build_plan(cfg, peak_flops: float, memory_bytes: float | None, hw: dict) -> 
         if cuda:
             saved, held_copies[s.stage] = cuda_memory.weight_copies(cfg, sdims, s, recomputed[s.stage], block_per_rank)
             s.activation_bytes += saved
-        if s.stage == len(stages) - 1:
-            s.activation_bytes += (cuda_memory.loss_saved_bytes if cuda else loss_bytes)(local, t.micro_batch_size)
+        if s.stage == len(stages) - 1:  # each micro-batch in flight keeps its own
+            loss_saved = cuda_memory.loss_saved_bytes(local, t.micro_batch_size) if cuda else \
+                loss_bytes(local, t.micro_batch_size, gpu)
+            s.activation_bytes += loss_saved * s.in_flight
         s.state_bytes = stage_state_bytes(cfg, sdims, s, replica_copies=not cuda)
     # A rank's peak, at the start of the last micro-batch's backward: model state, live activations, the
     # pipeline runtime's buffers and one backward temporary. Without accumulation no gradient exists yet then,
@@ -347,7 +350,7 @@ def build_plan(cfg, peak_flops: float, memory_bytes: float | None, hw: dict) -> 
         else:
             live = grads + acts if micro > 1 else max(grads, acts)  # a pipeline always has micro > 1
             # The loss's own short-lived tensors come before the blocks' backward, with every activation alive.
-            loss = loss_memory(local, t.micro_batch_size, cuda=False) if any(s.stage == len(stages) - 1
+            loss = loss_memory(local, t.micro_batch_size, gpu) if any(s.stage == len(stages) - 1
                                                                               for s in held) else None
             rank_peaks[r] = state + live + (max(transient, loss.forward, loss.backward) if loss else transient)
         for s in held:
@@ -396,7 +399,7 @@ def build_plan(cfg, peak_flops: float, memory_bytes: float | None, hw: dict) -> 
         notes.append("device memory unknown: fit not checked")
     if cuda:
         notes.append("memory: CUDA autocast model (fp32 residual stream, cast copies of inputs and weights, the "
-                     f"{resolved_loss(cfg, cuda)} loss's tensors); peak = the largest of forward end, loss forward, "
+                     f"{resolved_loss(cfg, gpu)} loss's tensors); peak = the largest of forward end, loss forward, "
                      "loss backward, blocks' backward and optimizer step")
     of = "of peak" if mfu is not None else f"of this CPU's matmul speed measured now ({peak_flops / 1e12:.3g} TFLOPS)"
     if hw.get("calibration"):

@@ -14,7 +14,7 @@ from torch import nn
 
 from llmtrain.config import compose_config
 from llmtrain.config.errors import ConfigError
-from llmtrain.loss import CHUNKED, LIGER, chunk_tokens_for, head_loss_for, resolve_loss
+from llmtrain.loss import CHUNKED, LIGER, check_loss_device, chunk_tokens_for, head_loss_for, resolve_loss
 from llmtrain.model.head_loss import IGNORE_INDEX, logits_loss
 
 
@@ -71,12 +71,32 @@ def test_autocast_matches_the_full_logits_within_its_rounding(dtype, scale):
     _close(got[1:], want[1:], rel=2e-2)
 
 
-def test_without_gradients_only_the_loss_is_computed():
+def test_without_gradients_only_the_loss_is_computed(monkeypatch):
+    """In evaluation the head's weight still has requires_grad: no_grad alone must skip the gradients."""
+    from llmtrain.loss import chunked
+
+    asked = []
+    real = chunked._chunks
+    monkeypatch.setattr(chunked, "_chunks", lambda *a: asked.append(a[-1]) or real(*a))
     head, hidden, targets = _case(500, 16, 2, 9)
     with torch.no_grad():
         got = head_loss_for(CHUNKED, 4)(hidden, head, targets)
         want = logits_loss(hidden, head, targets)
+    assert asked == [False]
     assert not got.requires_grad and abs(got.item() - want.item()) <= 1e-6
+
+
+def test_fp16_gradients_of_many_tokens_do_not_underflow():
+    """Each token's share of the mean is below fp16's smallest normal number at this count: the chunked loss must
+    be as close to the fp32 gradients as the full logits' loss (which scales before it casts)."""
+    head, hidden, targets = _case(4096, 64, 4, 1024)
+    truth = _loss_and_grads(logits_loss, head, hidden, targets)
+    errors = {}
+    for name, fn in (("full", logits_loss), ("chunked", head_loss_for(CHUNKED, 512))):
+        with torch.autocast("cpu", dtype=torch.float16):
+            got = _loss_and_grads(fn, head, hidden, targets, 65536.0)
+        errors[name] = max(((g / 65536.0 - w).norm() / w.norm()).item() for g, w in zip(got[1:], truth[1:]))
+    assert errors["chunked"] <= 2 * errors["full"] + 1e-3, errors
 
 
 def test_the_default_chunk_bounds_the_logits_and_keeps_small_vocabularies_whole():
@@ -92,7 +112,7 @@ def test_auto_picks_liger_only_on_cuda_without_tensor_or_pipeline_parallel_and_l
     assert resolve_loss("auto", "cuda", 1, liger=False) == CHUNKED
     assert resolve_loss("auto", "cpu", 1, liger=True) == CHUNKED
     with pytest.raises(ConfigError) as e:
-        resolve_loss("liger", "cpu", 1)
+        check_loss_device(resolve_loss("liger", "cpu", 1), "cpu")
     assert e.value.key == "train.loss"
 
 
@@ -151,3 +171,20 @@ def test_liger_not_installed_is_refused_before_anything_starts(monkeypatch):
     with pytest.raises(ConfigError) as e:
         config_probes._train(compose_config(["train.loss=liger", "device=cuda"]))
     assert e.value.key == "train.loss" and "pip install 'llmtrain[liger]'" in e.value.message
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_plan_of_a_gpu_resolves_liger_as_its_workers_will(precision, monkeypatch):
+    """Planned on a head node for CUDA workers (fp32 there is planned with the CPU model): no refusal, and the loss
+    the plan counts is the one the workers run."""
+    import llmtrain.loss as loss_lib
+    from llmtrain.plan.cli import plan_for
+    from llmtrain.plan.loss_memory import resolved_loss
+
+    monkeypatch.setattr(loss_lib, "liger_installed", lambda: True)
+    cfg = compose_config(["device=cuda", "hardware=h100", f"precision={precision}", "cluster.nproc_per_node=1",
+                          "model=llama-tiny", "model.vocab_size=128256"])
+    assert resolved_loss(cfg, gpu=True) == LIGER
+    plan = plan_for(cfg)
+    assert plan.peak_bytes_per_rank > 0
+    assert precision == "fp32" or any("the liger loss's tensors" in n for n in plan.notes)
