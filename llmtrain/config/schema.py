@@ -190,6 +190,9 @@ class TrainConfig:
     loss: str = choice("auto", "auto", "chunked", "liger", "full")
     # train.loss=chunked: tokens per chunk; null = a chunk's fp32 logits about max(64 MiB, the hidden states).
     loss_chunk_tokens: Optional[int] = None
+    # The attention kernel (torch's scaled_dot_product_attention backends): auto (torch picks per call), flash,
+    # cudnn and efficient (CUDA; flash also on CPU), math (the reference, any device).
+    attention: str = choice("auto", "auto", "flash", "cudnn", "efficient", "math")
 
 
 @dataclass

@@ -274,6 +274,9 @@ def _validate_loss(cfg: DictConfig) -> None:
     t = cfg.train
     if t.loss_chunk_tokens is not None:
         _require(t.loss_chunk_tokens > 0, "train.loss_chunk_tokens", f"must be > 0 or null (got {t.loss_chunk_tokens})")
+    if t.attention in ("cudnn", "efficient"):
+        _require(cfg.device != "cpu", "train.attention",
+                 f"{t.attention} attention runs on CUDA only (device=cpu); use train.attention=auto, flash or math")
     if t.loss == "liger":
         # Its Triton kernel runs on CUDA only and takes the whole vocabulary's weight.
         _require(cfg.device != "cpu", "train.loss", "liger runs on CUDA only (device=cpu); use train.loss=chunked")

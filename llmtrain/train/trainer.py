@@ -26,6 +26,7 @@ from llmtrain.parallel.grad_norm import clip_grad_norm_
 from llmtrain.parallel.layout import ParallelDims
 from llmtrain.parallel.context_parallel import mesh_positions
 from llmtrain.parallel.mesh import build_mesh
+from llmtrain.train.attention import attention_context
 from llmtrain.train.bad_streak import BadStreak, last_good_state
 from llmtrain.train.loss_scale import DynamicLossScaler
 from llmtrain.train.data_feed import DataFeed
@@ -224,7 +225,8 @@ class Trainer:
         if self.moe is not None:
             self.moe.start(self.loss_factor())
         self.compute.start()
-        local_loss = self.forward_backward()
+        with attention_context(self.cfg.train.attention):
+            local_loss = self.forward_backward()
         compute_s = self.compute.stop()
         if self.fault is not None:
             self.fault(self.step + 1, self.params)
@@ -279,7 +281,8 @@ class Trainer:
         return loss
 
     def evaluate(self) -> EvalResult:
-        return evaluate(self)
+        with attention_context(self.cfg.train.attention):
+            return evaluate(self)
 
     # ---- the loop ------------------------------------------------------------------------------------------------
     def memory_gib(self) -> float:
