@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One command that checks llmtrain on one GPU and writes a summary table, sized for a 15-minute GPU loan (the
-# machine's start included): the default parts within a deadline of 360 s from the check's start, each of the two
+# machine's start included): the default parts within a deadline of 360 s from the check's start, each of the three
 # `--long` groups within 480 s.
 #
-#   scripts/gpu_check.sh [--cpu] [--long [1|2]] [--parts NAME[:SECONDS],...] [--deadline SECONDS] [OUTDIR]
+#   scripts/gpu_check.sh [--cpu] [--long [1|2|3]] [--parts NAME[:SECONDS],...] [--deadline SECONDS] [OUTDIR]
 #
 # OUTDIR defaults to $OUT/gpu_check when $OUT is set, else ./gpu_check. Parts (scripts/gpu_check_parts.py holds
 # their logic, scripts/gpu_check_plan.py their time limits and groups): 1 smoke run; 2 gpt-1.3b bf16 tokens/s and
@@ -20,12 +20,15 @@
 # defaults' (scripts/gpu_check_tune.py); 12 a mixture of experts, OLMoE's shape cut to 4 layers, bf16 and compiled:
 # tokens/s and MFU (active FLOPs) with the experts as torch._grouped_mm and as a loop (scripts/gpu_check_moe.py); 13
 # `long`: llama3-1b at its 8192-token context with the layout `llmtrain plan --suggest 1 <GPU GiB>` ranks first
-# (micro-batch, recompute, ZeRO): tokens/s, MFU and the peak memory against the plan's (scripts/gpu_check_long.py).
+# (micro-batch, recompute, ZeRO): tokens/s, MFU and the peak memory against the plan's (scripts/gpu_check_long.py); 14
+# `step`: llama3-1b (2048-token context, bf16, compiled) with train.loss=full, chunked and liger (when installed), then
+# train.attention=cudnn and flash: tokens/s, MFU and peak memory of each, the fastest against loss=full
+# (scripts/gpu_check_step.py).
 #
 # By default parts 2, 5 and 6 run; --long (or --long 1) runs group 1 (llama, long, fp16), --long 2 group 2 (plain,
-# tune, moe, smoke), each a loan of its own; fp8, async_save and apex run only when named. --parts runs the parts
-# named, in that order (GPU_CHECK_PARTS does the same), --deadline sets the deadline.
-# `python3 scripts/gpu_check_parts.py plan [--long [1|2]] [--parts ...]` prints the parts with their limits and
+# tune, moe, smoke), --long 3 group 3 (step), each a loan of its own; fp8, async_save and apex run only when named.
+# --parts runs the parts named, in that order (GPU_CHECK_PARTS does the same), --deadline sets the deadline.
+# `python3 scripts/gpu_check_parts.py plan [--long [1|2|3]] [--parts ...]` prints the parts with their limits and
 # whether each stands on a measured time or an estimate. Each part runs under its own time limit, so one failure
 # does not hide the rest: a part that fails or crashes shows FAIL with its log; one that reaches its limit is
 # stopped at once with every process it started (SIGKILL: no preemption checkpoint is saved) and shows FAIL, or
@@ -52,7 +55,7 @@ while [ $# -gt 0 ]; do
     --parts|--deadline)
       [ $# -ge 2 ] || { echo "gpu_check: $1 needs a value" >&2; exit 2; }
       PLAN_ARGS+=("$1" "$2"); shift ;;
-    -*) echo "gpu_check: unknown option $1 (options: --cpu --long [1|2] --parts --deadline)" >&2; exit 2 ;;
+    -*) echo "gpu_check: unknown option $1 (options: --cpu --long [1|2|3] --parts --deadline)" >&2; exit 2 ;;
     *) OUTDIR=$1 ;;
   esac
   shift

@@ -46,6 +46,7 @@ TITLES = {
     "tune": "11 llmtrain tune (top 3): the winner's MFU vs the defaults'",
     "moe": "12 MoE (OLMoE shape, 4 layers) bf16 tokens/s and MFU, grouped vs loop",
     "long": "13 llama3-1b at seq 8192, the plan's layout: tokens/s, MFU, peak / plan",
+    "step": "14 llama3-1b step: train.loss and train.attention variants, tokens/s, MFU, peak",
 }
 PEAK_TOLERANCE = 0.10  # |predicted / measured - 1| for the memory part
 LOSS_TOLERANCE = 1e-3  # relative loss difference of runs that should agree (CUDA kernels may use atomics)
@@ -356,40 +357,23 @@ def part_apex(p: Part) -> tuple[str, str]:
     return ("PASS" if finite else "FAIL"), f"10 steps, last loss {rows[-1]['loss']:.4f}, {tps:,.0f} tok/s"
 
 
-def part_fp8(p: Part) -> tuple[str, str]:
-    from gpu_check_fp8 import part_fp8 as run  # its own module, as llama's
+def in_own_module(part: str):
+    """A part kept in scripts/gpu_check_PART.py, imported when it runs (that module imports this one)."""
+    def run(p: Part) -> tuple[str, str]:
+        import importlib
 
-    return run(p)
-
-
-def part_llama(p: Part) -> tuple[str, str]:
-    from gpu_check_llama import part_llama as run  # its own module; it imports this one
-
-    return run(p)
+        return getattr(importlib.import_module(f"gpu_check_{part}"), f"part_{part}")(p)
+    return run
 
 
-def part_tune(p: Part) -> tuple[str, str]:
-    from gpu_check_tune import part_tune as run  # its own module, as llama's
-
-    return run(p)
-
-
-def part_moe(p: Part) -> tuple[str, str]:
-    from gpu_check_moe import part_moe as run  # its own module, as llama's
-
-    return run(p)
-
-
-def part_long(p: Part) -> tuple[str, str]:
-    from gpu_check_long import part_long as run  # its own module, as llama's
-
-    return run(p)
+part_fp8, part_llama, part_tune, part_moe, part_long, part_step = (
+    in_own_module(name) for name in ("fp8", "llama", "tune", "moe", "long", "step"))
 
 
 PARTS = {"smoke": part_smoke, "throughput": part_throughput, "plain": part_plain, "fp16": part_fp16,
          "memory": part_memory, "resume": part_resume, "async_save": part_async_save, "apex": part_apex,
          "fp8": part_fp8, "llama": part_llama, "tune": part_tune, "moe": part_moe,
-         "long": part_long}
+         "long": part_long, "step": part_step}
 
 
 def record(out: Path, part: str, status: str, detail: str, log: str) -> None:

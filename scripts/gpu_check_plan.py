@@ -1,5 +1,5 @@
-"""What scripts/gpu_check.sh runs: its parts' time limits, the default parts, the two `--long` groups, and the plan
-(deadline, then each part with its limit) that `gpu_check_parts.py plan` prints.
+"""What scripts/gpu_check.sh runs: its parts' time limits, the default parts, the three `--long` groups, and the
+plan (deadline, then each part with its limit) that `gpu_check_parts.py plan` prints.
 
 A GPU loan is 15 minutes, its machine's start included. The default parts fit a 6-minute deadline; each `--long`
 group fits 8 minutes, so one group and the machine's start fit one loan. Every limit is about 1.3-1.5x the part's
@@ -35,13 +35,16 @@ LIMITS = {
     "tune": Limit(150, None, "three gpt-1.3b trials of 10 steps, ~35 s each"),
     "moe": Limit(150, None, "two compiled launches of 10 steps"),
     "long": Limit(75, None, "one llama3-1b launch of 10 steps at seq 8192"),
+    "step": Limit(450, None, "five compiled llama3-1b launches of 12 steps, four without liger_kernel; llama's two "
+                             "of 15 steps took 156 s"),
 }
 DEFAULTS_RUN = Limit(70, 51)
 USES_DEFAULTS_RUN = ("throughput", "plain", "memory", "tune")
 
 DEFAULT_PARTS = ("throughput", "memory", "resume")
 DEFAULT_DEADLINE_S = 360
-GROUPS = {1: ("llama", "long", "fp16"), 2: ("plain", "tune", "moe", "smoke")}
+# step's launches fill a loan of their own: groups 1 and 2 have no room left for them.
+GROUPS = {1: ("llama", "long", "fp16"), 2: ("plain", "tune", "moe", "smoke"), 3: ("step",)}
 GROUP_DEADLINE_S = 480
 # Not in a group (`--parts NAME` runs them): llama's fp8 recipes cover fp8 against bf16, apex is rarely installed
 # (it needs a build), and the async save's cost is measured on CPU (planning.md).
@@ -62,7 +65,7 @@ def where_run(part: str) -> str:
 
 
 def parse_group(value: str | None) -> int:
-    """`--long` alone is group 1; `--long 2` (or `--long=2`) group 2."""
+    """`--long` alone is group 1; `--long 2` (or `--long=2`) group 2, and so on."""
     if value in (None, ""):
         return 1
     try:
@@ -127,8 +130,8 @@ def table(title: str, deadline: float, chosen: list[tuple[str, float]]) -> list[
 def plan_main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="gpu_check_parts.py plan")
     ap.add_argument("--long", nargs="?", const="", default=None, metavar="GROUP",
-                    help="a group of the long parts: 1 (also --long alone) or 2; the human plan of --long alone "
-                         "shows both")
+                    help="a group of the long parts: 1 (also --long alone), 2 or 3; the human plan of --long "
+                         "alone shows them all")
     ap.add_argument("--parts", default=None, help="NAME[:SECONDS],... to run, in this order")
     ap.add_argument("--deadline", type=float, default=None, help="seconds from the check's start")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])

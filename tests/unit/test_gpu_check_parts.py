@@ -246,3 +246,91 @@ def test_long_launches_the_plans_layout(part, monkeypatch):
     assert status == "PASS", figures
     assert "train.micro_batch_size=1 recompute=full parallel.zero=0: 1,000 tok/s (plan 900)" in figures
     assert "peak 1.00 GiB measured, plan 1.00 GiB (1.000x; pass within 10%); 10 of 10 steps" in figures
+
+
+def test_step_on_cpu_runs_full_chunked_and_math_attention(part):
+    from gpu_check_step import part_step
+
+    p, s = part(tokens_per_s=lambda name: 1100.0 if name == "step-loss-chunked" else 1000.0)
+    status, figures = part_step(p)
+    assert (status, figures) == ("PASS", (
+        "llama-tiny seq 64 micro 2; loss=full 1,000 tok/s, MFU not shown (no known peak), peak 1.00 GiB; "
+        "loss=chunked 1,100 tok/s, MFU not shown (no known peak), peak 1.00 GiB; loss=liger not run on CPU (liger "
+        "runs on CUDA only); attention=math 1,000 tok/s, MFU not shown (no known peak), peak 1.00 GiB; cudnn and "
+        "flash attention not run on CPU (attention=math instead); fastest: loss=chunked (1.100x loss=full) (pass: "
+        "every run's 5 losses finite)"))
+    assert [(name, o[-1]) for name, o in s.launched] == [
+        ("step-loss-full", "train.loss=full"), ("step-loss-chunked", "train.loss=chunked"),
+        ("step-attention-math", "train.loss=auto")]
+    assert all("profile.memory=true" in o and "train.max_steps=5" in o for _, o in s.launched)
+    assert "train.attention=math" in s.launched[2][1]
+
+
+STEP_SPEED = {"step-loss-full": 50000.0, "step-loss-chunked": 55000.0, "step-loss-liger": 57000.0,
+              "step-attention-cudnn": 60000.0, "step-attention-flash": 56000.0}
+
+
+def step_on_gpu(part, monkeypatch, liger: bool, fails: tuple[str, ...] = (), loss=lambda name, step: 10.0 - step / 10):
+    import llmtrain.loss
+    from gpu_check_step import part_step
+
+    monkeypatch.setattr(llmtrain.loss, "liger_installed", lambda: liger)
+    p, s = part("cuda", loss=loss, tokens_per_s=lambda name: STEP_SPEED[name],
+                peak=lambda name, cfg: 3 * 2**30 if cfg.train.loss == "full" else 2 * 2**30)
+    stand_in_launch = p.launch
+
+    def launch(name, overrides, fresh=True):
+        if name in fails:  # as Part.launch raises for a launch that exits non-zero
+            raise RuntimeError(f"llmtrain launch {name} failed (exit 1); see runs/{name}/logs")
+        return stand_in_launch(name, overrides, fresh)
+
+    monkeypatch.setattr(p, "launch", launch)
+    return part_step(p), s
+
+
+def test_step_on_gpu_names_each_variant_and_the_fastest_against_full_loss(part, monkeypatch):
+    (status, figures), s = step_on_gpu(part, monkeypatch, liger=False)
+    assert (status, figures) == ("PASS", (
+        "llama3-1b seq 2048 micro 4, compiled; loss=full 50,000 tok/s, MFU 46.2% of 989 TFLOPS bf16, peak 3.00 GiB; "
+        "loss=chunked 55,000 tok/s, MFU 46.2% of 989 TFLOPS bf16, peak 2.00 GiB; loss=liger not installed "
+        "(liger_kernel is not importable); attention=cudnn 60,000 tok/s, MFU 46.2% of 989 TFLOPS bf16, peak 2.00 GiB; "
+        "attention=flash 56,000 tok/s, MFU 46.2% of 989 TFLOPS bf16, peak 2.00 GiB; fastest: attention=cudnn (1.200x "
+        "loss=full) (pass: every run's 12 losses finite)"))
+    assert [name for name, _ in s.launched] == ["step-loss-full", "step-loss-chunked", "step-attention-cudnn",
+                                                "step-attention-flash"]
+    for _, o in s.launched:  # the llama part's model, batch and compile
+        assert {"model=llama3-1b", "model.seq_len=2048", "precision=bf16", "train.micro_batch_size=4",
+                "train.global_batch_size=8", "train.compile=true", "train.max_steps=12"} <= set(o)
+    assert s.launched[2][1][-2:] == ["train.attention=cudnn", "train.loss=auto"]
+
+
+def test_step_runs_liger_where_it_is_installed(part, monkeypatch):
+    (status, figures), s = step_on_gpu(part, monkeypatch, liger=True)
+    assert status == "PASS" and "loss=liger 57,000 tok/s, MFU 46.2% of 989 TFLOPS bf16, peak 2.00 GiB" in figures
+    assert ("step-loss-liger", ["train.loss=liger"]) == (s.launched[2][0], s.launched[2][1][-1:])
+
+
+def test_step_reports_a_refused_attention_kernel_and_fails_on_a_failed_loss(part, monkeypatch):
+    (status, figures), _ = step_on_gpu(part, monkeypatch, liger=False, fails=("step-attention-cudnn",))
+    assert status == "PASS" and ("attention=cudnn failed (llmtrain launch step-attention-cudnn failed (exit 1); see "
+                                 "runs/step-attention-cudnn/logs)") in figures
+    assert "fastest: attention=flash (1.120x loss=full)" in figures
+    (status, figures), _ = step_on_gpu(part, monkeypatch, liger=False, fails=("step-loss-chunked",))
+    assert status == "FAIL" and "loss=chunked failed (" in figures
+    (status, figures), _ = step_on_gpu(part, monkeypatch, liger=False, fails=("step-loss-full",))
+    assert status == "FAIL" and figures.endswith("no fastest: loss=full did not run (pass: every run's 12 losses "
+                                                 "finite)")
+
+
+def test_step_fails_on_a_non_finite_loss_and_keeps_the_finished_runs_when_stopped(part, monkeypatch, tmp_path):
+    def loss(name, step):
+        return float("nan") if name == "step-attention-flash" and step == 7 else 10.0 - step / 10
+
+    (status, figures), _ = step_on_gpu(part, monkeypatch, liger=False, loss=loss)
+    assert status == "FAIL" and "attention=flash losses not finite or missing (12 of 12 steps logged)" in figures
+    assert "fastest: attention=cudnn" in figures
+    with pytest.raises(KeyError):  # stopped in the cudnn run: the row so far stays
+        step_on_gpu(part, monkeypatch, liger=False, loss=lambda name, step: {}["stop"] if "cudnn" in name else 9.0)
+    row = json.loads((tmp_path / "results" / "step.json").read_text())
+    assert row["status"] == "FAIL" and row["detail"].endswith("; attention=cudnn did not finish")
+    assert "loss=chunked 55,000 tok/s" in row["detail"]

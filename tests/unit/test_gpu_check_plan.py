@@ -20,15 +20,16 @@ def plan_output(*args: str) -> list[str]:
                           capture_output=True, text=True, check=True).stdout.splitlines()
 
 
-def test_the_default_parts_finish_within_6_minutes_and_each_long_group_within_8():
+def test_the_default_parts_finish_within_6_minutes_and_each_of_three_long_groups_within_8():
     deadline, chosen = m.plan(None, None, None, "cuda")
     assert (deadline, chosen) == (360, [("throughput", 170), ("memory", 60), ("resume", 110)])
     assert sum(limit for _, limit in chosen) <= deadline <= 6 * 60
+    assert list(m.GROUPS) == [1, 2, 3]
     for group in m.GROUPS:
         deadline, chosen = m.plan(None, group, None, "cuda")
         assert sum(limit for _, limit in chosen) <= deadline == 8 * 60, group
     # Every part is somewhere: the default run, a group, or only --parts.
-    placed = [*m.DEFAULT_PARTS, *m.GROUPS[1], *m.GROUPS[2], *m.PARTS_ONLY]
+    placed = [*m.DEFAULT_PARTS, *m.GROUPS[1], *m.GROUPS[2], *m.GROUPS[3], *m.PARTS_ONLY]
     assert sorted(placed) == sorted(m.LIMITS)
 
 
@@ -54,20 +55,21 @@ def test_named_parts_cpu_factor_and_bad_input():
         m.plan("fp9", None, None, "cuda")
     with pytest.raises(SystemExit, match="--parts smoke:x: the time limit must be seconds"):
         m.plan("smoke:x", None, None, "cuda")
-    with pytest.raises(SystemExit, match="--long 3: the groups are 1, 2"):
-        m.parse_group("3")
-    assert (m.parse_group(None), m.parse_group(""), m.parse_group("2")) == (1, 1, 2)
+    with pytest.raises(SystemExit, match="--long 4: the groups are 1, 2, 3"):
+        m.parse_group("4")
+    assert (m.parse_group(None), m.parse_group(""), m.parse_group("2"), m.parse_group("3")) == (1, 1, 2, 3)
 
 
 def test_where_a_part_runs():
-    assert [m.where_run(p) for p in ("memory", "llama", "tune", "fp8")] == \
-        ["the default run", "--long 1", "--long 2", "--parts fp8"]
+    assert [m.where_run(p) for p in ("memory", "llama", "tune", "step", "fp8")] == \
+        ["the default run", "--long 1", "--long 2", "--long 3", "--parts fp8"]
 
 
 def test_plan_prints_what_the_shell_reads_and_a_table_with_measured_and_estimated_limits():
     assert plan_output("--shell") == ["360", "throughput:170 memory:60 resume:110"]
     assert plan_output("--shell", "--long") == ["480", "llama:330 long:75 fp16:50"]
     assert plan_output("--shell", "--long=2", "--device", "cpu") == ["1440", "plain:360 tune:450 moe:450 smoke:120"]
+    assert plan_output("--shell", "--long", "3") == ["480", "step:450"]
     lines = plan_output()
     assert lines[0] == "default parts (one H200): deadline 360 s from the check's start; limits add up to 340 s"
     assert lines[2:] == ["  memory         60 s  measured 41 s", "  resume        110 s  measured 80 s"]
@@ -77,7 +79,10 @@ def test_plan_prints_what_the_shell_reads_and_a_table_with_measured_and_estimate
     titles = [line for line in both if not line.startswith("  ")]
     assert titles == ["--long 1 (one H200): deadline 480 s from the check's start; limits add up to 455 s",
                       "--long 2 (one H200): deadline 480 s from the check's start; limits add up to 460 s",
+                      "--long 3 (one H200): deadline 480 s from the check's start; limits add up to 450 s",
                       "only with --parts: fp8 async_save apex"]
+    assert "  step          450 s  (estimate) five compiled llama3-1b launches of 12 steps, four without " \
+           "liger_kernel; llama's two of 15 steps took 156 s" in both
     assert "  llama         330 s  (estimate) three compiled launches of 30 steps; two of 15 steps took 156 s" in both
     group2 = plan_output("--long", "2")
     assert group2[0].startswith("--long 2 (one H200)") and [line.split()[0] for line in group2[1:5]] == \
