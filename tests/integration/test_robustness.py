@@ -102,13 +102,13 @@ def test_port_in_use_on_any_address():
 
 
 def test_plan_far_over_memory_is_refused_by_default(tmp_path):
-    # 280 GiB per rank by the plan: over 1.5x any machine these tests run on, CPU or GPU.
+    # 269 GiB per rank by the plan: over 1.5x any machine these tests run on, CPU or GPU.
     result = run_cli(["launch", f"run.dir={tmp_path / 'run'}", "data=synthetic", "model.seq_len=1000000"],
                      timeout=120)
     assert result.returncode == 2, result.stdout + result.stderr
     lines = _errors(result)
     assert len(lines) == 1, lines
-    assert re.match(r"llmtrain: error: launch\.max_memory_ratio: the plan's peak memory is 28\d\.\d GiB per rank .* "
+    assert re.match(r"llmtrain: error: launch\.max_memory_ratio: the plan's peak memory is 26\d\.\d GiB per rank .* "
                     r"but (this machine's|the GPU's) memory is [\d.,]+ GiB \([\d.]+x; see llmtrain plan\), over "
                     r"1\.5x: .* or launch\.max_memory_ratio=null to start anyway$", lines[0]), lines
     assert not (tmp_path / "run").exists()
@@ -161,17 +161,17 @@ def test_dry_run_states_the_memory_verdict(tmp_path, monkeypatch, capsys):
     assert main(["launch", "--dry-run", "model=gpt-13b", "data=synthetic", f"run.dir={run_dir}"]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.count("\n") == 1
-    assert captured.err.startswith("llmtrain: error: launch.max_memory_ratio: the plan's peak memory is 399.2 GiB "
-                                   "per rank x 2 ranks = 798.5 GiB but this machine's memory is 23.5 GiB (33.98x; ")
+    assert captured.err.startswith("llmtrain: error: launch.max_memory_ratio: the plan's peak memory is 394.4 GiB "
+                                   "per rank x 2 ranks = 788.8 GiB but this machine's memory is 23.5 GiB (33.57x; ")
     assert main(["launch", "--dry-run", "model=gpt-13b", "data=synthetic", "launch.max_memory_ratio=null",
                  f"run.dir={run_dir}"]) == 0
-    assert capsys.readouterr().out.splitlines()[-1].startswith("llmtrain: warning: the plan's peak memory is 399.2 GiB")
+    assert capsys.readouterr().out.splitlines()[-1].startswith("llmtrain: warning: the plan's peak memory is 394.4 GiB")
     # Another backend's nodes are not this machine: the peak is stated, not compared. Its 8 ranks share the 16
     # samples of a step, so each trains micro-batches of 2 (8 above) and plans a smaller peak.
     assert main(["launch", "--dry-run", "model=gpt-13b", "data=synthetic", "cluster=slurm", "cluster.nnodes=1",
                  f"run.dir={run_dir}"]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == (
-        "llmtrain: the plan's peak memory is 243.5 GiB per rank; the memory of cluster=slurm's nodes is not known "
+        "llmtrain: the plan's peak memory is 243.7 GiB per rank; the memory of cluster=slurm's nodes is not known "
         "here, so it is not compared (llmtrain plan hardware=NAME compares it with a GPU's)")
     assert not run_dir.exists()
 
