@@ -127,7 +127,9 @@ def _precision(cfg: DictConfig) -> None:
 
 
 def _train(cfg: DictConfig) -> None:
-    if cfg.train.loss == "liger" and importlib.util.find_spec("liger_kernel") is None:
+    import llmtrain.loss as loss_lib  # torch-free: the choice, not the kernels
+
+    if cfg.train.loss == loss_lib.LIGER and not loss_lib.liger_installed():
         _require(False, "train.loss", LIGER_INSTALL)
 
 

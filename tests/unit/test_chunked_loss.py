@@ -164,10 +164,10 @@ def test_a_loss_that_cannot_run_is_refused_naming_its_key(overrides, says):
 
 
 def test_liger_not_installed_is_refused_before_anything_starts(monkeypatch):
+    import llmtrain.loss as loss_lib
     from llmtrain.launch import config_probes
 
-    monkeypatch.setattr(config_probes.importlib.util, "find_spec",
-                        lambda name, *a: None if name == "liger_kernel" else _real_find_spec(name, *a))
+    monkeypatch.setattr(loss_lib, "find_spec", lambda name, *a: None if name == "liger_kernel" else _real_find_spec(name, *a))
     with pytest.raises(ConfigError) as e:
         config_probes._train(compose_config(["train.loss=liger", "device=cuda"]))
     assert e.value.key == "train.loss" and "pip install 'llmtrain[liger]'" in e.value.message
